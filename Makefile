@@ -1,0 +1,31 @@
+# The two commands users need: `make demo` (the main job) and `make test` (the suite).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test demo checkpoints bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	# torch==2.13.0 in the same pip command as the rest, so nothing pulls a CUDA build.
+	$(PY) -m pip install torch==2.13.0 -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest tests -x -q -p no:cacheprovider
+
+demo: $(STAMP)
+	$(VENV)/bin/ddrl demo
+
+checkpoints: $(STAMP)
+	$(PY) -m ddrl.training.make_checkpoints
+
+bench: $(STAMP)
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,431 @@
+"""One source of truth for configuration: nested dataclasses <- YAML + dotted key=value overrides.
+
+    cfg = load_config("configs/rl/espo_mini_sudoku.yaml", ["train.lr=3e-5", "objective=espo"], RLConfig)
+
+Every field has a docstring-comment. Loading checks each key and type and fails with a message
+naming the key and the valid choices; `validate()` checks registry names and cross-field rules,
+once, before any compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message that names the key and the fix."""
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 0  # LoRA rank; 0 disables LoRA (full fine-tuning)
+    alpha: float = 16.0  # LoRA scaling numerator (scale = alpha / rank)
+    dropout: float = 0.0  # dropout on the LoRA branch
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = None  # a saved model directory (built-in or Hugging Face); None = build from the fields below
+    process: str = "masked"  # forward process when building from scratch: masked | uniform | block
+    schedule: str = "linear"  # noise schedule alpha_t: linear | cosine
+    d_model: int = 128  # built-in transformer width
+    n_layers: int = 4  # built-in transformer depth
+    n_heads: int = 4  # attention heads
+    ffn_mult: float = 2.6667  # SwiGLU hidden size = ffn_mult * d_model (rounded to a multiple of 8)
+    max_seq_len: int = 256  # longest prompt + completion the model accepts
+    block_size: int | None = None  # block diffusion block size (block-causal attention); None = full attention
+    dropout: float = 0.0  # dropout inside the built-in transformer
+    dtype: str = "float32"  # parameter dtype: float32 | bfloat16
+    bf16_autocast: bool = False  # run forward passes under bf16 autocast (GPU)
+    gradient_checkpointing: bool = False  # recompute activations in backward to save memory
+    trust_remote_code: bool = True  # allow a local HF directory's modeling code (LLaDA, Dream, SDAR ...)
+    mask_token_id: int | None = None  # override the family's mask id (HF models)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class SamplerConfig:
+    name: str = "masked"  # sampler: masked (LLaDA semi-AR) | emerge | uniform | block
+    steps: int = 16  # model calls in total (masked: divided evenly over blocks)
+    gen_length: int = 16  # completion tokens to generate
+    block_length: int | None = None  # semi-AR block; None = gen_length (one block)
+    temperature: float = 1.0  # 0 = greedy
+    cfg_scale: float = 0.0  # classifier-free guidance weight (0 = off)
+    remasking: str = "low_confidence"  # low_confidence | random
+    threshold: float | None = None  # confidence-threshold parallel decoding (commit all above it)
+    cache: str = "none"  # block KV cache: none | prefix | dual (full attention) ; block-causal models are exact
+    early_exit: bool = True  # stop spending compute on sequences that already produced EOS
+
+
+@dataclass
+class TaskConfig:
+    name: str = "mini_sudoku"  # a registered task, or "module.path:factory" for a user's own task
+    args: dict[str, Any] = field(default_factory=dict)  # keyword arguments for the task factory
+    format: str = "compact"  # prompt format: compact (built-in tiny models) | chat (HF models)
+
+
+@dataclass
+class MethodConfig:
+    objective: str = "grpo"  # the RL objective (see `ddrl methods`); switching it switches the method
+    estimator: str | None = None  # likelihood estimator; None = the objective's default
+    advantage: str | None = None  # mean | zscore | loo ; None = the objective's default
+    advantage_clip: float | None = None  # clip advantages to +-this (UDM-GRPO: 5)
+    objective_args: dict[str, Any] = field(default_factory=dict)  # e.g. {epsilon: 0.2, beta: 0.01}
+    estimator_args: dict[str, Any] = field(default_factory=dict)  # e.g. {num_mc: 2, p_mask_prompt: 0.15}
+    fresh_masks: bool | None = None  # new mask seed for every pass (StableDRL); None = objective's default
+    ratio_noise: float = 0.0  # stress mode: std of Gaussian noise added to log-ratios ("exploding weights")
+    elbo_reg: float = 0.0  # DiPOD on-policy ELBO regulariser weight lambda (0 = off)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100  # RL steps (rollout batches)
+    prompts_per_step: int = 8  # distinct prompts per step (across all processes)
+    group_size: int = 8  # G, completions per prompt
+    num_iterations: int = 1  # mu, inner updates on the same rollouts
+    micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None = all
+    lr: float = 1e-5  # peak learning rate
+    lr_schedule: str = "constant"  # constant | cosine | linear (after warmup)
+    warmup_steps: int = 0  # linear warmup steps
+    min_lr_ratio: float = 0.0  # cosine/linear floor as a fraction of lr
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
+    max_grad_norm: float = 1.0  # gradient clipping (0 = off)
+    sync_ref_every: int = 0  # copy the policy into the reference model every N steps (0 = never)
+    max_bad_steps: int = 5  # stop after this many non-finite steps in a row
+    log_every: int = 1  # write metrics every N steps
+    save_every: int = 0  # checkpoint every N steps (0 = only at the end)
+    keep_checkpoints: int = 2  # keep the newest N checkpoints
+    tensorboard: bool = True  # also write TensorBoard events
+    wandb: bool = False  # also log to Weights & Biases (needs wandb installed)
+    progress: bool = True  # tqdm progress bar
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0  # evaluate on the test split every N steps (0 = only before and after)
+    n: int = 64  # test examples per evaluation
+    temperature: float = 0.0  # sampler temperature at evaluation (0 = greedy)
+    steps: int | None = None  # sampler steps at evaluation; None = the rollout's
+    samples_to_log: int = 4  # completions written to samples.jsonl per evaluation
+    before: bool = True  # evaluate the base model before training
+
+
+@dataclass
+class DistConfig:
+    strategy: str = "auto"  # auto | none | ddp | fsdp (auto: ddp when launched by torchrun, else none)
+    backend: str | None = None  # nccl | gloo; None = nccl on GPU, gloo on CPU
+
+
+@dataclass
+class RLConfig:
+    """`ddrl train CONFIG`: RL fine-tuning of a diffusion model on a task."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: SamplerConfig = field(default_factory=SamplerConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    seed: int = 0  # every random draw derives from this
+    output_dir: str = "runs/rl"  # the run directory
+    resume: bool = False  # continue from the newest complete checkpoint in output_dir
+    device: str = "auto"  # auto | cpu | cuda
+
+
+@dataclass
+class PretrainTrainConfig:
+    steps: int = 200  # optimizer steps
+    batch_size: int = 64  # sequences per step
+    lr: float = 1e-3  # peak learning rate
+    warmup_steps: int = 20  # linear warmup
+    lr_schedule: str = "cosine"  # constant | cosine | linear
+    min_lr_ratio: float = 0.1  # floor of the decay as a fraction of lr
+    weight_decay: float = 0.01  # AdamW weight decay
+    max_grad_norm: float = 1.0  # gradient clipping
+    eval_every: int = 50  # held-out loss every N steps
+    eval_batches: int = 4  # held-out batches per evaluation
+    save_every: int = 0  # checkpoint every N steps (0 = only at the end)
+    progress: bool = True  # tqdm progress bar
+
+
+@dataclass
+class DataConfig:
+    jsonl: str | None = None  # a JSONL file with "prompt" and "completion" fields; None = the task's generator
+    n_train: int = 5000  # training examples drawn from the task generator
+    n_heldout: int = 256  # held-out examples for the loss
+
+
+@dataclass
+class PretrainConfig:
+    """`ddrl pretrain CONFIG`: train a denoiser with the masked / uniform / block loss."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: PretrainTrainConfig = field(default_factory=PretrainTrainConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)  # used for the held-out solve rate
+    seed: int = 0  # every random draw derives from this
+    output_dir: str = "runs/pretrain"  # where checkpoints go
+    device: str = "auto"  # auto | cpu | cuda
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+def parse_overrides(overrides: list[str] | None) -> dict[str, Any]:
+    """["train.lr=3e-5", "objective=espo"] -> nested dict. Values are parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. train.lr=3e-5)")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw != "" else None
+        node = out
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} sets a field inside a scalar")
+        node[parts[-1]] = value
+    return out
+
+
+# Short aliases so that the issue's one-line switch `objective=espo` works at the top level.
+_ALIASES = {"objective": ("method", "objective"), "estimator": ("method", "estimator")}
+
+
+def _apply_aliases(d: dict[str, Any]) -> dict[str, Any]:
+    for alias, (section, key) in _ALIASES.items():
+        if alias in d:
+            d.setdefault(section, {})[key] = d.pop(alias)
+    return d
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and not k.endswith("args"):
+            out[k] = _deep_merge(out[k], v)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = {**out[k], **v}
+        else:
+            out[k] = v
+    return out
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return _build(tp, value, key)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 3e-5 as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if not isinstance(value, str):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return str(value)
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if k not in hints:
+            where = f"under '{prefix}'" if prefix else "at the top level"
+            raise ConfigError(f"unknown config key '{key}'; valid keys {where}: {', '.join(names)}")
+        kwargs[k] = _coerce(v, hints[k], key)
+    return cls(**kwargs)
+
+
+def load_config(source: str | Path | dict[str, Any] | None, overrides: list[str] | None = None, cls: type = RLConfig) -> Any:
+    """Read YAML (or a dict), apply dotted overrides, type-check every key, validate once."""
+    if source is None:
+        data: dict[str, Any] = {}
+    elif isinstance(source, dict):
+        data = dict(source)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+    data = _deep_merge(_apply_aliases(data), _apply_aliases(parse_overrides(overrides)))
+    cfg = _build(cls, data)
+    validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+# --------------------------------------------------------------------------------------------
+# Validation (registry names and cross-field rules), once, before any compute
+# --------------------------------------------------------------------------------------------
+
+
+def _choice(value: str, valid: list[str] | tuple[str, ...], key: str) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(valid)}")
+
+
+def validate_sampler(s: SamplerConfig, key: str = "rollout") -> None:
+    from ddrl.registry import SAMPLERS
+
+    _choice(s.name, SAMPLERS.names(), f"{key}.name")
+    _choice(s.remasking, ("low_confidence", "random"), f"{key}.remasking")
+    _choice(s.cache, ("none", "prefix", "dual"), f"{key}.cache")
+    if s.gen_length <= 0:
+        raise ConfigError(f"{key}.gen_length must be positive, got {s.gen_length}")
+    if s.steps <= 0:
+        raise ConfigError(f"{key}.steps must be positive, got {s.steps}")
+    if s.temperature < 0:
+        raise ConfigError(f"{key}.temperature must be >= 0, got {s.temperature}")
+    if s.threshold is not None and not 0.0 < s.threshold <= 1.0:
+        raise ConfigError(f"{key}.threshold must be in (0, 1], got {s.threshold}")
+    if s.name in ("masked", "block"):
+        block = s.block_length or s.gen_length
+        if s.gen_length % block:
+            raise ConfigError(
+                f"{key}.gen_length={s.gen_length} is not divisible by {key}.block_length={block}; "
+                f"pick a block_length that divides gen_length"
+            )
+        n_blocks = s.gen_length // block
+        if s.threshold is None and s.steps % n_blocks:
+            raise ConfigError(
+                f"{key}.steps={s.steps} is not divisible by the number of blocks ({n_blocks}); "
+                f"use a multiple of {n_blocks}"
+            )
+
+
+def validate(cfg: Any) -> None:
+    from ddrl.registry import ESTIMATORS, OBJECTIVES, PROCESSES, TASKS
+
+    model = getattr(cfg, "model", None)
+    if model is not None:
+        if model.path is None:
+            _choice(model.process, PROCESSES.names(), "model.process")
+        _choice(model.schedule, ("linear", "cosine"), "model.schedule")
+        _choice(model.dtype, ("float32", "bfloat16"), "model.dtype")
+        if model.d_model % model.n_heads:
+            raise ConfigError(f"model.d_model={model.d_model} must be divisible by model.n_heads={model.n_heads}")
+    task = getattr(cfg, "task", None)
+    if task is not None and ":" not in task.name:
+        _choice(task.name, TASKS.names(), "task.name")
+    if getattr(cfg, "device", "auto") not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"device={cfg.device!r} is not valid; choose one of: auto, cpu, cuda")
+
+    if isinstance(cfg, RLConfig):
+        validate_sampler(cfg.rollout, "rollout")
+        m = cfg.method
+        _choice(m.objective, OBJECTIVES.names(), "method.objective")
+        if m.estimator is not None:
+            _choice(m.estimator, ESTIMATORS.names(), "method.estimator")
+        if m.advantage is not None:
+            _choice(m.advantage, ("mean", "zscore", "loo"), "method.advantage")
+        _check_args(OBJECTIVES.get(m.objective), m.objective_args, "method.objective_args")
+        est_name = m.estimator or getattr(OBJECTIVES.get(m.objective), "default_estimator", None)
+        if est_name is not None:
+            _check_args(ESTIMATORS.get(est_name), m.estimator_args, "method.estimator_args")
+        t = cfg.train
+        if t.group_size < 2:
+            raise ConfigError(f"train.group_size must be >= 2 for group advantages, got {t.group_size}")
+        for name in ("steps", "prompts_per_step", "num_iterations"):
+            if getattr(t, name) <= 0:
+                raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
+        _choice(t.lr_schedule, ("constant", "cosine", "linear"), "train.lr_schedule")
+        _choice(cfg.dist.strategy, ("auto", "none", "ddp", "fsdp"), "dist.strategy")
+    if isinstance(cfg, PretrainConfig):
+        _choice(cfg.train.lr_schedule, ("constant", "cosine", "linear"), "train.lr_schedule")
+        validate_sampler(cfg.sampler, "sampler")
+
+
+def _check_args(component: Any, args: dict[str, Any], key: str) -> None:
+    """Keyword arguments of an objective/estimator must be fields of its dataclass."""
+    if not dataclasses.is_dataclass(component):
+        return
+    valid = {f.name for f in dataclasses.fields(component)}
+    for k in args:
+        if k not in valid:
+            raise ConfigError(
+                f"unknown key '{key}.{k}' for {getattr(component, 'name', component.__name__)}; "
+                f"valid keys: {', '.join(sorted(valid)) or '(none)'}"
+            )
