@@ -1,0 +1,7 @@
+"""Rollout generation, usable on its own (no trainer state). Importing registers the samplers."""
+
+from ddrl.sampling import masked, uniform  # noqa: F401  (registration)
+from ddrl.sampling.base import SampleOutput
+from ddrl.sampling.masked import generate
+
+__all__ = ["SampleOutput", "generate"]

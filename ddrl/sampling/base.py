@@ -1,0 +1,22 @@
+"""What every sampler returns, and the one signature the trainer and evaluator call.
+
+    out = SAMPLERS.get(cfg.name)(model, prompt_ids, prompt_mask, cfg, generator=g, return_trajectory=True)
+
+`model` is a DiffusionLM (or anything with the same attributes: mask_token_id, vocab_size,
+eos_token_id, pad_token_id, process, block_size, and `model(input_ids, attention_mask).logits`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from ddrl.types import Trajectory
+
+
+@dataclass
+class SampleOutput:
+    completion_ids: Tensor  # [B, L] long, the generated completion (prompt excluded)
+    trajectory: Trajectory | None  # filled when return_trajectory=True
+    nfe: int  # model forward calls made (a batched call counts once)

@@ -1,0 +1,54 @@
+"""Task = dataset + prompt format + reward + metric.
+
+A task yields examples as plain dicts: "prompt" (the text the model is conditioned on) plus the
+columns its reward needs ("solution", "answer", "tests", "label" ...). Rewards follow DESIGN.md:
+`reward(completions: list[str], **columns) -> list[float | None]` and never raise or hang.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+RewardFn = Callable[..., list[float | None]]
+
+
+class Task:
+    """Base class of every task. Subclasses fill the attributes and the example generators."""
+
+    name: str = "task"
+    #: Suggested completion length (tokens) for the built-in compact format.
+    gen_length: int = 16
+    #: Reward at or above which a completion counts as correct (accuracy / solve rate).
+    success_threshold: float = 1.0
+    #: Prompt format: "compact" (symbol-level, for the built-in tiny models) or "chat" (HF models).
+    format: str = "compact"
+
+    def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """n training examples, deterministic in seed."""
+        raise NotImplementedError
+
+    def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """n held-out examples, deterministic in seed, disjoint from every train split."""
+        raise NotImplementedError
+
+    def reward(self, completions: list[str], **columns: list[Any]) -> list[float | None]:
+        """One score per completion; columns are lists aligned with completions."""
+        raise NotImplementedError
+
+    def correct(self, completions: list[str], **columns: list[Any]) -> list[bool]:
+        """Whether each completion solves its example (the task's accuracy metric)."""
+        scores = self.reward(completions, **columns)
+        return [s is not None and s >= self.success_threshold for s in scores]
+
+    # ---- for the built-in tiny models (compact format) ----
+    def symbols(self) -> list[str]:
+        """The alphabet of the compact format, for a SymbolTokenizer (specials excluded)."""
+        raise NotImplementedError(f"task {self.name!r} has no compact symbol format")
+
+    def pretrain_pairs(self, n: int, seed: int = 0) -> list[dict[str, str]]:
+        """n {"prompt", "completion"} pairs with gold completions, for supervised pretraining."""
+        raise NotImplementedError(f"task {self.name!r} has no gold completions for pretraining")
+
+    #: For uniform diffusion: the symbols the process diffuses over (a contiguous run in the
+    #: tokenizer's vocabulary); None for tasks that are not uniform-diffusion tasks.
+    uniform_symbols: list[str] | None = None
