@@ -2,6 +2,5 @@
 
 from ddrl.sampling import masked, uniform  # noqa: F401  (registration)
 from ddrl.sampling.base import SampleOutput
-from ddrl.sampling.masked import generate
 
-__all__ = ["SampleOutput", "generate"]
+__all__ = ["SampleOutput"]
