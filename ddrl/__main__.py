@@ -1,0 +1,3 @@
+from ddrl.cli import main
+
+raise SystemExit(main())

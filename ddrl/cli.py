@@ -1,0 +1,240 @@
+"""The `ddrl` command line.
+
+    ddrl pretrain CONFIG [key=value ...]      train a denoiser (masked / uniform / block) on task data
+    ddrl train CONFIG [key=value ...]         RL fine-tuning; writes a run directory
+    ddrl eval --model DIR --task NAME [--n N] [--split test] [--json] [sampler overrides]
+    ddrl sample --model DIR --prompt TEXT [sampler overrides]
+    ddrl demo                                  the main job on the CPU
+    ddrl methods                               every registered objective/estimator with its paper
+    ddrl compare                               every method on the same tiny task and budget
+
+Bad input ends with one line `ddrl: error: ...` naming the problem and the fix (exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+EPILOG = "Configs live in configs/ (pretrain/, rl/, paper/). Any config key can be overridden as key=value."
+
+
+def _sampler_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampler overrides (default: greedy, sized to the task)")
+    g.add_argument("--sampler", dest="name", help="masked | emerge | uniform | block")
+    g.add_argument("--steps", type=int, help="model calls in total")
+    g.add_argument("--gen-length", dest="gen_length", type=int, help="completion tokens")
+    g.add_argument("--block-length", dest="block_length", type=int, help="semi-autoregressive block length")
+    g.add_argument("--temperature", type=float, help="0 = greedy")
+    g.add_argument("--cfg-scale", dest="cfg_scale", type=float, help="classifier-free guidance weight")
+    g.add_argument("--remasking", help="low_confidence | random")
+    g.add_argument("--threshold", type=float, help="confidence-threshold parallel decoding")
+    g.add_argument("--cache", help="block KV cache: none | prefix | dual")
+
+
+_SAMPLER_KEYS = ("name", "steps", "gen_length", "block_length", "temperature", "cfg_scale", "remasking",
+                 "threshold", "cache")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ddrl", description="RL fine-tuning of discrete diffusion models "
+                                     "(masked, block and uniform) with every published method.", epilog=EPILOG)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("pretrain", help="train a denoiser on task data", epilog=EPILOG,
+                       description="Train a masked / uniform / block denoiser on prompt/completion pairs.")
+    p.add_argument("config", help="YAML config (e.g. configs/pretrain/mini_sudoku_masked.yaml)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=100")
+
+    p = sub.add_parser("train", help="RL fine-tuning; writes a run directory", epilog=EPILOG,
+                       description="RL fine-tuning. `objective=NAME` switches the method (see `ddrl methods`).")
+    p.add_argument("config", help="YAML config (e.g. configs/rl/stable_drl_mini_sudoku.yaml)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=20 objective=espo")
+
+    p = sub.add_parser("eval", help="evaluate a model on a task",
+                       description="Accuracy (pass@1), pass@k and mean reward on a task's held-out split.")
+    p.add_argument("--model", required=True, help="model directory (built-in or Hugging Face)")
+    p.add_argument("--task", required=True, help="task name (see ddrl.tasks) or module:factory")
+    p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="task constructor argument")
+    p.add_argument("--n", type=int, default=200, help="examples to evaluate (default 200)")
+    p.add_argument("--k", type=int, default=1, help="samples per example for pass@k (default 1)")
+    p.add_argument("--split", default="test", choices=["test", "train"], help="which split (default test)")
+    p.add_argument("--seed", type=int, default=0, help="example and sampling seed")
+    p.add_argument("--batch-size", type=int, default=64, help="prompts per sampler call")
+    p.add_argument("--output", help="write per-example results to this JSONL file")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _sampler_args(p)
+
+    p = sub.add_parser("sample", help="sample completions for a prompt")
+    p.add_argument("--model", required=True, help="model directory")
+    p.add_argument("--prompt", required=True, help="prompt text (in the model's format)")
+    p.add_argument("--n", type=int, default=1, help="number of samples")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    _sampler_args(p)
+
+    p = sub.add_parser("demo", help="the main job: RL on a tiny model on the CPU, before/after table",
+                       description="Measure the shipped tiny model, fine-tune it with RL, measure again.")
+    p.add_argument("--method", default=None, help="objective (default stable_drl; udm_grpo for --task digits)")
+    p.add_argument("--task", default="mini_sudoku", choices=["mini_sudoku", "digits"], help="demo task")
+    p.add_argument("--steps", type=int, default=None, help="RL steps (default from the demo config)")
+    p.add_argument("--output-dir", default=None, help="run directory (default runs/demo-<task>-<method>)")
+    p.add_argument("--eval-n", type=int, default=None, help="held-out examples for before/after")
+
+    p = sub.add_parser("methods", help="list objectives and estimators with their papers")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("compare", help="run every method on the same tiny task and budget")
+    p.add_argument("--methods", default=None, help="comma-separated objectives (default: all text methods)")
+    p.add_argument("--steps", type=int, default=30, help="RL steps per method")
+    p.add_argument("--output-dir", default="runs/compare", help="where runs, table and picture go")
+    p.add_argument("--config", default="configs/rl/compare_mini_sudoku.yaml", help="base config")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        print("ddrl: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        from ddrl.training.trainer import NonFiniteError  # noqa: F401
+
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"ddrl: error: {msg}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        if type(e).__name__ == "NonFiniteError":
+            print(f"ddrl: error: {e}", file=sys.stderr)
+            return 3
+        raise
+
+
+def _cmd_pretrain(args: argparse.Namespace) -> int:
+    from ddrl.training.pretrain import pretrain
+
+    final = pretrain(args.config, args.overrides)
+    print(f"model written to {final}")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from ddrl.training.trainer import train
+
+    run_dir = train(args.config, args.overrides)
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+def _task_kwargs(items: list[str]) -> dict[str, Any]:
+    import yaml
+
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--task-arg {item!r} must look like key=value")
+        k, v = item.split("=", 1)
+        out[k] = yaml.safe_load(v)
+    return out
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from ddrl.eval import default_sampler, evaluate
+    from ddrl.models import load_model
+    from ddrl.tasks import get_task
+
+    task = get_task(args.task, **_task_kwargs(args.task_arg))  # fail fast on a bad task name
+    model = load_model(args.model)
+    sampler = default_sampler(model, task, **{k: getattr(args, k) for k in _SAMPLER_KEYS})
+    result = evaluate(model, task, n=args.n, sampler=sampler, seed=args.seed, k=args.k,
+                      batch_size=args.batch_size, output_jsonl=args.output, split=args.split)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"task {result['task']}  n={result['n']}  accuracy={result['accuracy']:.3f}  "
+              f"mean_reward={result['mean_reward']:.3f}  ({result['seconds']:.1f}s)")
+        if args.k > 1:
+            print(f"pass@{args.k}={result[f'pass@{args.k}']:.3f}")
+    return 0
+
+
+def _cmd_sample(args: argparse.Namespace) -> int:
+    import torch
+
+    from ddrl.data import decode_completions, encode_prompts
+    from ddrl.eval.runner import default_sampler
+    from ddrl.models import load_model
+    from ddrl.registry import SAMPLERS
+
+    model = load_model(args.model)
+    model.eval()
+
+    class _Len:  # default sizes without a task: 32 new tokens
+        gen_length = 32
+
+    cfg = default_sampler(model, _Len(), **{k: getattr(args, k) for k in _SAMPLER_KEYS})
+    from ddrl.config import validate_sampler
+
+    validate_sampler(cfg, "sampler")
+    max_prompt = model.max_seq_len - cfg.gen_length if getattr(model, "max_seq_len", None) else None
+    ids, mask = encode_prompts(model.tokenizer, [args.prompt] * args.n, max_length=max_prompt,
+                               device=next(model.parameters()).device)
+    g = torch.Generator().manual_seed(args.seed)
+    with torch.no_grad():
+        out = SAMPLERS.get(cfg.name)(model, ids, mask, cfg, generator=g)
+    for text in decode_completions(model.tokenizer, out.completion_ids):
+        print(text)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ddrl.demo import run_demo
+
+    run_demo(task=args.task, method=args.method, steps=args.steps, output_dir=args.output_dir, eval_n=args.eval_n)
+    return 0
+
+
+def _cmd_methods(args: argparse.Namespace) -> int:
+    from ddrl.registry import ESTIMATORS, OBJECTIVES
+
+    objectives = [{"name": n, "paper": getattr(c, "paper", ""), "formula": getattr(c, "formula", ""),
+                   "estimator": getattr(c, "default_estimator", None), "advantage": getattr(c, "default_advantage", None)}
+                  for n, c in OBJECTIVES.items()]
+    estimators = [{"name": n, "paper": getattr(c, "paper", ""), "formula": getattr(c, "formula", ""),
+                   "passes": getattr(c, "passes", "")} for n, c in ESTIMATORS.items()]
+    if args.json:
+        print(json.dumps({"objectives": objectives, "estimators": estimators}, indent=1))
+        return 0
+    print("Objectives (method.objective / objective=NAME):")
+    for o in objectives:
+        print(f"  {o['name']:<14} {o['paper']}")
+        print(f"  {'':<14} loss: {o['formula']}")
+        print(f"  {'':<14} default estimator: {o['estimator']}, advantage: {o['advantage']}")
+    print("\nEstimators (method.estimator=NAME):")
+    for e in estimators:
+        print(f"  {e['name']:<18} {e['paper']}  [{e['passes']} forward passes]")
+        print(f"  {'':<18} {e['formula']}")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from ddrl.compare import run_compare
+
+    methods = args.methods.split(",") if args.methods else None
+    run_compare(config=args.config, methods=methods, steps=args.steps, output_dir=args.output_dir)
+    return 0
+
+
+COMMANDS = {"pretrain": _cmd_pretrain, "train": _cmd_train, "eval": _cmd_eval, "sample": _cmd_sample,
+            "demo": _cmd_demo, "methods": _cmd_methods, "compare": _cmd_compare}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,411 @@
+"""`ddrl train CONFIG`: RL fine-tuning of a diffusion model, one readable loop.
+
+Each step, in named and timed phases:
+
+    rollout    G completions for each prompt (any registered sampler, explicit generator)
+    reward     the task's reward; None/NaN rewards are excluded from their group
+    advantage  group advantages (mean / z-score / leave-one-out, optional clip)
+    old, ref   likelihood proxies without grad, only when the objective declares it needs them
+    update     mu inner iterations on the same rollouts, each: estimate -> objective -> backward
+               (micro-batches of whole groups) -> clip -> optimizer step
+
+Every random draw derives from (seed, step, ...) so a resumed run replays the draws of an
+uninterrupted one. Mask seeds live on the batch: old, ref and current passes of inner iteration k
+share seed k unless the method asks for fresh masks (StableDRL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from tqdm.auto import tqdm
+
+from ddrl.config import RLConfig, SamplerConfig, load_config, save_config
+from ddrl.data import completion_mask, decode_completions, encode_prompts
+from ddrl.registry import ESTIMATORS, OBJECTIVES, SAMPLERS
+from ddrl.training import checkpoint as ckpt
+from ddrl.training.common import (build_optimizer, build_scheduler, check_writable, derive_seed,
+                                  make_generator, pick_device)
+from ddrl.training.distributed import (DistInfo, ModelHandle, all_reduce_sum, init_distributed,
+                                       reduce_mean_dict, resolve_strategy, wrap_model)
+from ddrl.training.logging import MetricsLogger, plot_reward_curve
+from ddrl.types import EstimatorOutput, RolloutBatch
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient."""
+
+
+class Trainer:
+    def __init__(self, cfg: RLConfig):
+        from ddrl.objectives import compute_advantages  # noqa: F401  (fail early if missing)
+        from ddrl.tasks import get_task
+
+        self.cfg = cfg
+        t = cfg.train
+        self.device = pick_device(cfg.device)
+        self.dist: DistInfo = init_distributed(cfg.dist.backend, self.device)
+        if t.prompts_per_step % self.dist.world_size:
+            raise ValueError(f"train.prompts_per_step={t.prompts_per_step} must be divisible by the number of "
+                             f"processes ({self.dist.world_size}) so that every rank holds whole groups")
+        self.run_dir = check_writable(cfg.output_dir)
+        self.task = get_task(cfg.task.name, format=cfg.task.format, **cfg.task.args)
+        self.objective, self.estimator = build_method(cfg)
+        self.model = self._load_model()
+        self.max_prompt = (self.model.max_seq_len - cfg.rollout.gen_length
+                           if getattr(self.model, "max_seq_len", None) else None)
+        self.pool = self.task.train_examples(n=min(t.steps * t.prompts_per_step, 20000), seed=cfg.seed)
+        if not self.pool:
+            raise ValueError(f"task {self.task.name!r} returned no training examples; check task.args")
+        self.ref_model = self._make_reference() if self.objective.needs_ref else None
+        strategy = resolve_strategy(cfg.dist.strategy, self.dist)
+        self.wrapped = wrap_model(self.model, strategy, self.device)
+        self.policy = ModelHandle(self.wrapped, self.model)
+        self.opt = build_optimizer(self.model.parameters(), t.lr, t.weight_decay, tuple(t.betas))
+        self.sched = build_scheduler(self.opt, schedule=t.lr_schedule, warmup_steps=t.warmup_steps,
+                                     total_steps=t.steps * t.num_iterations, min_lr_ratio=t.min_lr_ratio)
+        self.step = 0
+        self.bad_steps = 0
+        self.eval_history: list[dict[str, Any]] = []
+        if cfg.resume:
+            self._resume()
+        self.logger = MetricsLogger(self.run_dir, tensorboard=t.tensorboard and self.dist.is_main, wandb=t.wandb,
+                                    enabled=self.dist.is_main, resume=cfg.resume and self.step > 0)
+        self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
+                         if cfg.model.bf16_autocast else contextlib.nullcontext())
+        self.needs_trajectory = (self.objective.needs_trajectory or self.estimator.needs_trajectory
+                                 or getattr(self.objective, "token_weights", False))
+        if self.dist.is_main:
+            save_config(cfg, self.run_dir / "config.yaml")
+
+    # ------------------------------------------------------------------ setup helpers
+    def _load_model(self) -> Any:
+        from ddrl.models import load_model
+
+        if not self.cfg.model.path:
+            raise ValueError("model.path is required for RL: point it at a pretrained model directory "
+                             "(e.g. checkpoints/mini_sudoku-masked) or run `ddrl pretrain` first")
+        model = load_model(self.cfg.model.path)
+        if getattr(model, "mask_token_id", None) is None:
+            raise ValueError(f"model {self.cfg.model.path!r} has no mask token; set model.mask_token_id")
+        lora = self.cfg.model.lora
+        if lora.rank > 0:
+            from ddrl.models.lora import apply_lora
+
+            model = apply_lora(model, lora)
+        if self.cfg.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable()
+        return model.to(self.device).train()
+
+    def _make_reference(self) -> Any:
+        if self.cfg.model.lora.rank > 0:
+            return None  # the reference is the policy with its adapter disabled: no second copy
+        ref = copy.deepcopy(self.model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[Any]:
+        if self.ref_model is not None:
+            yield self.ref_model
+        else:
+            with self.model.disable_adapter():
+                yield self.policy
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> Path:
+        t, e = self.cfg.train, self.cfg.eval
+        if e.before and self.step == 0:
+            self._evaluate(0)
+        bar = tqdm(total=t.steps, initial=self.step, desc=f"{self.cfg.method.objective} on {self.task.name}",
+                   disable=not (t.progress and self.dist.is_main), dynamic_ncols=True)
+        while self.step < t.steps:
+            self.step += 1
+            metrics = self.train_step(self.step)
+            if e.every and self.step % e.every == 0 and self.step != t.steps:
+                metrics.update(self._evaluate(self.step))
+            if self.step == t.steps:
+                metrics.update(self._evaluate(self.step))
+            row = self.logger.log(self.step, metrics) if self.step % t.log_every == 0 or self.step == t.steps else metrics
+            bar.update(1)
+            bar.set_postfix(reward=f"{row.get('reward/mean') or 0:.3f}", step_s=f"{row.get('time/step') or 0:.1f}",
+                            acc=self._last_accuracy())
+            if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps:
+                self.save()
+        bar.close()
+        self.logger.close()
+        if self.dist.is_main:
+            plot_reward_curve(self.run_dir / "metrics.jsonl", self.run_dir / "reward_curve.png",
+                              title=f"{self.cfg.method.objective} on {self.task.name}")
+        return self.run_dir
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        timings: dict[str, float] = {}
+        clock = _Clock(timings)
+        with clock("rollout"):
+            batch = self.rollout(step)
+        with clock("reward"):
+            self.score(batch)
+        with clock("advantage"):
+            self.advantages(batch)
+        old, ref = self.behaviour_passes(batch, step, clock)
+        with clock("update"):
+            stats = self.update(batch, old, ref, step)
+        timings["step"] = sum(timings.values())
+        metrics = self._rollout_metrics(batch)
+        metrics.update(stats)
+        metrics.update({f"time/{k}": v for k, v in timings.items()})
+        return reduce_mean_dict(metrics, self.dist, self.device)
+
+    # ------------------------------------------------------------------ phases
+    @torch.no_grad()
+    def rollout(self, step: int) -> RolloutBatch:
+        t = self.cfg.train
+        G, per_rank = t.group_size, t.prompts_per_step // self.dist.world_size
+        first = (step - 1) * t.prompts_per_step + self.dist.rank * per_rank  # data position = f(step)
+        examples = [self.pool[(first + i) % len(self.pool)] for i in range(per_rank)]
+        prompts = [ex["prompt"] for ex in examples for _ in range(G)]
+        prompt_ids, prompt_mask = encode_prompts(self.model.tokenizer, prompts, max_length=self.max_prompt,
+                                                 device=self.device)
+        g = make_generator(derive_seed(self.cfg.seed, "rollout", step, self.dist.rank))
+        self.model.eval()
+        with self.autocast:
+            out = SAMPLERS.get(self.cfg.rollout.name)(self.model, prompt_ids, prompt_mask, self.cfg.rollout,
+                                                      generator=g, return_trajectory=self.needs_trajectory)
+        self.model.train()
+        completions = decode_completions(self.model.tokenizer, out.completion_ids)
+        K = t.num_iterations
+        seeds = torch.tensor([derive_seed(self.cfg.seed, "mask", step, k) % 2**62 for k in range(K)])
+        B = len(prompts)
+        batch = RolloutBatch(
+            prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=out.completion_ids,
+            completion_mask=completion_mask(out.completion_ids, self.model.eos_token_id),
+            group_ids=torch.arange(per_rank, device=self.device).repeat_interleave(G),
+            rewards=torch.zeros(B, device=self.device), advantages=torch.zeros(B, device=self.device),
+            mask_seeds=seeds, completions=completions, trajectory=out.trajectory,
+        )
+        batch.extras["examples"] = [ex for ex in examples for _ in range(G)]
+        batch.extras["nfe"] = out.nfe
+        return batch
+
+    def score(self, batch: RolloutBatch) -> None:
+        examples = batch.extras.pop("examples")
+        columns = {c: [ex.get(c) for ex in examples] for c in examples[0] if c != "prompt"}
+        rewards = self.task.reward(batch.completions, **columns)
+        values = [float("nan") if r is None else float(r) for r in rewards]
+        batch.rewards = torch.tensor(values, dtype=torch.float32, device=self.device)
+        batch.rewards[~torch.isfinite(batch.rewards)] = float("nan")  # excluded from the group, not propagated
+        parts = getattr(self.task, "reward_parts", None) or getattr(getattr(self.task, "reward", None), "last_parts", None)
+        if isinstance(parts, dict):
+            batch.extras["reward_parts"] = {k: _nanmean(v) for k, v in parts.items()}
+
+    def advantages(self, batch: RolloutBatch) -> None:
+        from ddrl.objectives import compute_advantages
+
+        m = self.cfg.method
+        kind = m.advantage or self.objective.default_advantage
+        clip = m.advantage_clip if m.advantage_clip is not None else getattr(self.objective, "default_advantage_clip", None)
+        batch.advantages = compute_advantages(batch.rewards, batch.group_ids, kind, clip=clip)
+        if getattr(self.objective, "token_weights", False) and batch.trajectory is not None:
+            from ddrl.estimators.dps import denoising_progress_scores
+
+            batch.extras["dps_weights"] = denoising_progress_scores(batch.trajectory, batch.completion_mask)
+
+    @torch.no_grad()
+    def behaviour_passes(self, batch: RolloutBatch, step: int, clock: "_Clock") -> tuple[list, list]:
+        """old[k][j] / ref[k][j]: proxies of micro-batch j for inner iteration k, without grad."""
+        K = self.cfg.train.num_iterations
+        needs_old = self.objective.needs_old and not getattr(self.objective, "on_policy", False)
+        old: list[list[EstimatorOutput | None]] = [[None] * len(self.micro_batches(batch)) for _ in range(K)]
+        ref = [list(row) for row in old]
+        if needs_old and not (K == 1 and not self.fresh_masks):  # mu=1 with shared masks: old = sg(current)
+            with clock("old"), self.autocast:
+                self.model.eval()
+                for k in range(K):
+                    for j, mb in enumerate(self.micro_batches(batch, k)):
+                        old[k][j] = self.estimator(self.policy, mb, self._seed(batch, step, k, "old")).detach()
+                self.model.train()
+        if self.objective.needs_ref:
+            with clock("ref"), self.autocast, self.reference() as ref_model:
+                for k in range(K):
+                    for j, mb in enumerate(self.micro_batches(batch, k)):
+                        ref[k][j] = self.estimator(ref_model, mb, self._seed(batch, step, k, "ref")).detach()
+        return old, ref
+
+    def update(self, batch: RolloutBatch, old: list, ref: list, step: int) -> dict[str, Any]:
+        from ddrl.objectives import AggregationCounts
+
+        t = self.cfg.train
+        counts = AggregationCounts(
+            tokens=all_reduce_sum(batch.completion_mask.sum().float(), self.dist).item(),
+            sequences=all_reduce_sum(torch.tensor(float(len(batch)), device=self.device), self.dist).item(),
+            world_size=self.dist.world_size,
+        )
+        sums: dict[str, float] = {}
+        for k in range(t.num_iterations):
+            self.opt.zero_grad(set_to_none=True)
+            total = 0.0
+            for j, mb in enumerate(self.micro_batches(batch, k)):
+                with self.autocast:
+                    new = self.estimator(self.policy, mb, self._seed(batch, step, k, "cur"))
+                    o = old[k][j] if old[k][j] is not None else (new.detach() if self.objective.needs_old else None)
+                    out = self.objective(mb, new, o, ref[k][j], counts=counts)
+                (out.loss * self.dist.world_size).backward()  # DDP averages; we want the global sum
+                total += out.loss.detach().item()
+                for name, v in out.stats.items():
+                    sums[name] = sums.get(name, 0.0) + float(v) / (t.num_iterations * len(self.micro_batches(batch)))
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.max_grad_norm or float("inf"))
+            if not (math.isfinite(total) and torch.isfinite(grad_norm)):
+                self.opt.zero_grad(set_to_none=True)
+                self.bad_steps += 1
+                sums["nonfinite_steps"] = sums.get("nonfinite_steps", 0.0) + 1
+                if self.bad_steps >= t.max_bad_steps:
+                    raise NonFiniteError(
+                        f"{self.bad_steps} optimizer steps in a row had a non-finite loss or gradient (step {step}); "
+                        f"lower train.lr, raise method.estimator_args.num_mc, or lower train.max_grad_norm")
+                continue
+            self.bad_steps = 0
+            self.opt.step()
+            self.sched.step()
+            sums["loss"] = sums.get("loss", 0.0) + total / t.num_iterations
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm.item() / t.num_iterations
+        sums["lr"] = self.sched.get_last_lr()[0]
+        return sums
+
+    # ------------------------------------------------------------------ small helpers
+    @property
+    def fresh_masks(self) -> bool:
+        m = self.cfg.method.fresh_masks
+        return bool(self.objective.fresh_masks if m is None else m)
+
+    def _seed(self, batch: RolloutBatch, step: int, k: int, role: str) -> int:
+        """Shared masks: the batch's seed k for old/ref/current. Fresh masks: a new seed per pass role."""
+        if self.fresh_masks:
+            return derive_seed(self.cfg.seed, "fresh", step, k, role, self.dist.rank) % 2**62
+        return int(batch.mask_seeds[k])
+
+    def micro_batches(self, batch: RolloutBatch, k: int = 0) -> list[RolloutBatch]:
+        """Slices of whole groups (group-level normalisations need the full group)."""
+        t = self.cfg.train
+        size = t.micro_batch_size or len(batch)
+        rows = max(1, size // t.group_size) * t.group_size
+        out = []
+        for lo in range(0, len(batch), rows):
+            mb = batch.index(slice(lo, lo + rows))
+            mb.extras["inner_iteration"] = k
+            out.append(mb)
+        return out
+
+    def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, Any]:
+        r = batch.rewards
+        valid = torch.isfinite(r)
+        rv = r[valid]
+        m: dict[str, Any] = {
+            "reward/mean": rv.mean().item() if rv.numel() else float("nan"),
+            "reward/std": rv.std().item() if rv.numel() > 1 else 0.0,
+            "reward/invalid_frac": 1 - valid.float().mean().item(),
+            "completion/length": batch.completion_mask.float().sum(1).mean().item(),
+            "rollout/model_calls": float(batch.extras.get("nfe", 0)),
+            "advantage/abs_mean": batch.advantages.abs().mean().item(),
+        }
+        for name, v in batch.extras.get("reward_parts", {}).items():
+            m[f"reward/{name}"] = v
+        return m
+
+    def _evaluate(self, step: int) -> dict[str, Any]:
+        from ddrl.eval import evaluate
+
+        e = self.cfg.eval
+        if e.n <= 0:
+            return {}
+        sampler = SamplerConfig(**{**vars(self.cfg.rollout), "temperature": e.temperature,
+                                   "steps": e.steps or self.cfg.rollout.steps})
+        samples_path = self.run_dir / "eval" / f"step-{step}.jsonl" if self.dist.is_main else None
+        result = evaluate(self.model, self.task, n=e.n, sampler=sampler, seed=self.cfg.seed, output_jsonl=samples_path)
+        self.eval_history.append({"step": step, **{k: result[k] for k in ("accuracy", "mean_reward")}})
+        if self.dist.is_main and samples_path is not None and e.samples_to_log:
+            lines = samples_path.read_text().splitlines()[: e.samples_to_log]
+            with (self.run_dir / "samples.jsonl").open("a") as f:
+                for line in lines:
+                    f.write(f'{{"step": {step}, "sample": {line}}}\n')
+        return {"eval/accuracy": result["accuracy"], "eval/mean_reward": result["mean_reward"]}
+
+    def _last_accuracy(self) -> str:
+        return f"{self.eval_history[-1]['accuracy']:.2f}" if self.eval_history else "-"
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self) -> None:
+        if not self.dist.is_main:
+            return
+        state = {"step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                 "bad_steps": self.bad_steps, "eval_history": self.eval_history, "data_position": self.step}
+        ckpt.save_checkpoint(self.run_dir, self.step, self.model, state, keep=self.cfg.train.keep_checkpoints)
+
+    def _resume(self) -> None:
+        from ddrl.models import load_model
+
+        last = ckpt.latest_checkpoint(self.run_dir)
+        if last is None:
+            return  # nothing to resume: start fresh
+        state = ckpt.load_trainer_state(last)
+        loaded = load_model(last)
+        self.model.load_state_dict(loaded.state_dict())
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        self.bad_steps = int(state.get("bad_steps", 0))
+        self.eval_history = list(state.get("eval_history", []))
+
+
+def build_method(cfg: RLConfig) -> tuple[Any, Any]:
+    """Objective and estimator from the config: one line (`objective=espo`) picks both."""
+    m = cfg.method
+    objective = OBJECTIVES.get(m.objective)(**m.objective_args)
+    if m.ratio_noise:
+        if not hasattr(objective, "ratio_noise_std"):
+            raise ValueError(f"method.ratio_noise is set but objective {m.objective!r} has no ratio; "
+                             f"use it with stable_drl, espo or grpo")
+        objective.ratio_noise_std = m.ratio_noise
+    if m.elbo_reg:
+        from ddrl.objectives import with_elbo_regulariser
+
+        objective = with_elbo_regulariser(objective, m.elbo_reg)
+    est_name = m.estimator or objective.default_estimator
+    est_args = {**getattr(objective, "default_estimator_args", {}), **m.estimator_args}
+    if m.estimator and m.estimator != objective.default_estimator:
+        est_args = dict(m.estimator_args)  # a different estimator does not inherit the default's args
+    estimator = ESTIMATORS.get(est_name)(**est_args)
+    return objective, estimator
+
+
+class _Clock:
+    """`with clock("rollout"):` adds the block's wall time to timings["rollout"]."""
+
+    def __init__(self, timings: dict[str, float]):
+        self.timings = timings
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+
+def _nanmean(values: list[Any]) -> float:
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def train(config: str | Path | dict | RLConfig, overrides: list[str] | None = None) -> Path:
+    """Run RL fine-tuning from a config file (plus dotted overrides); returns the run directory."""
+    cfg = config if isinstance(config, RLConfig) else load_config(config, overrides, RLConfig)
+    return Trainer(cfg).run()
