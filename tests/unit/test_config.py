@@ -1,0 +1,57 @@
+import pytest
+
+from ddrl.config import ConfigError, PretrainConfig, RLConfig, load_config, parse_overrides
+
+
+def test_overrides_nest_and_parse_scalars():
+    d = parse_overrides(["train.lr=3e-5", "train.steps=7", "model.path=/x", "eval.before=false"])
+    assert d == {"train": {"lr": "3e-5", "steps": 7}, "model": {"path": "/x"}, "eval": {"before": False}}
+
+
+def test_yaml_string_float_is_coerced():
+    cfg = load_config({"train": {"lr": "3e-5"}}, cls=PretrainConfig)
+    assert cfg.train.lr == pytest.approx(3e-5)
+
+
+def test_unknown_key_names_the_key_and_valid_keys():
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.lrr'.*valid keys under 'train'.*\blr\b"):
+        load_config({}, ["train.lrr=1"], PretrainConfig)
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(ConfigError, match=r"train.steps: expected an integer"):
+        load_config({}, ["train.steps=abc"], PretrainConfig)
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config({}, ["train.steps"], PretrainConfig)
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("no/such/file.yaml", cls=PretrainConfig)
+
+
+def test_sampler_divisibility_errors_name_the_parameters():
+    with pytest.raises(ConfigError, match="gen_length=10 is not divisible by sampler.block_length=4"):
+        load_config({"sampler": {"gen_length": 10, "block_length": 4}}, cls=PretrainConfig)
+    with pytest.raises(ConfigError, match="steps=5 is not divisible by the number of blocks"):
+        load_config({"sampler": {"gen_length": 8, "block_length": 4, "steps": 5}}, cls=PretrainConfig)
+
+
+def test_unknown_registry_names_list_choices():
+    with pytest.raises(ConfigError, match="task.name='nope' is not valid; choose one of:.*mini_sudoku"):
+        load_config({"task": {"name": "nope"}}, cls=PretrainConfig)
+    with pytest.raises(ConfigError, match="method.objective='nope'.*stable_drl"):
+        load_config({}, ["objective=nope"], RLConfig)
+
+
+def test_one_line_method_switch():
+    cfg = load_config({}, ["objective=espo"], RLConfig)
+    assert cfg.method.objective == "espo"
+
+
+def test_objective_args_checked_against_the_objective():
+    with pytest.raises(ConfigError, match="unknown key 'method.objective_args.epsilonn'"):
+        load_config({"method": {"objective": "espo", "objective_args": {"epsilonn": 0.2}}}, cls=RLConfig)
