@@ -85,7 +85,7 @@ def test_nonfinite_steps_are_skipped_then_stop(tiny_sudoku_model, tmp_path, monk
     monkeypatch.setattr(trainer_mod, "build_method", nan_method)
     before = _weights(tiny_sudoku_model)
     with pytest.raises(NonFiniteError, match="non-finite loss or gradient"):
-        train(CFG, rl_overrides(tiny_sudoku_model, tmp_path, steps=10) + ["train.max_bad_steps=3", "eval.before=false"])
+        train(CFG, rl_overrides(tiny_sudoku_model, tmp_path, steps=10) + ["train.max_bad_steps=3", "eval.before=false", "train.num_iterations=1"])
     assert calls["n"] == 3
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and '"nonfinite_steps": 1.0' in lines[0]  # two skipped steps logged, third stops
