@@ -1,0 +1,101 @@
+"""The model layer: the denoiser contract, the built-in transformer, loading and building.
+
+    model = load_model("checkpoints/mini_sudoku-masked")      # built-in or Hugging Face directory
+    model = build_model(cfg.model, tokenizer)                  # a fresh built-in model
+    logits = model(input_ids, attention_mask).logits           # [B, T, V]
+
+Only ddrl/models/hf.py imports transformers; it is imported here lazily, when a directory is
+not a built-in one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddrl.models.diffusion_lm import DiffusionLM, DiffusionLMOutput
+from ddrl.models.io import (CONFIG_FILE, HF_WEIGHT_FILES, ModelDirectoryError, atomic_directory, check_model_dir,
+                            read_json)
+from ddrl.models.tokenizer import SymbolTokenizer
+from ddrl.models.transformer import MODEL_TYPE, Denoiser, DenoiserConfig, DenoiserOutput, swiglu_hidden
+
+__all__ = [
+    "DiffusionLM", "DiffusionLMOutput", "Denoiser", "DenoiserConfig", "DenoiserOutput", "SymbolTokenizer",
+    "ModelDirectoryError", "atomic_directory", "build_model", "load_model", "resolve_dtype",
+]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """"bfloat16" / torch.bfloat16 / None -> torch dtype or None."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not valid; choose one of: {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def load_model(path: str | Path, *, device: torch.device | str | None = None,
+               dtype: torch.dtype | str | None = None) -> DiffusionLM:
+    """A saved model directory -> DiffusionLM: built-in (config.json model_type "ddrl_denoiser")
+    or Hugging Face (LLaDA, Dream, SDAR, ... through ddrl.models.hf)."""
+    directory = check_model_dir(path, weights=HF_WEIGHT_FILES)
+    torch_dtype = resolve_dtype(dtype)
+    if read_json(directory / CONFIG_FILE).get("model_type") == MODEL_TYPE:
+        return DiffusionLM.from_pretrained(directory, device=device, dtype=torch_dtype)
+    from ddrl.models import hf  # imports transformers: only for Hugging Face directories
+
+    return hf.load_hf_model(str(directory), device=device, dtype=torch_dtype)
+
+
+def default_process_spec(process: str, schedule: str, mask_token_id: int, block_size: int | None) -> dict[str, Any]:
+    """The process spec of a built-in model built from a ModelConfig. Uniform needs its token
+    range, which only the task knows, so its caller passes the spec itself."""
+    if process == "uniform":
+        raise ValueError(
+            "model.process='uniform' needs the corrupted token range: pass process_spec="
+            "{'name': 'uniform', 'num_classes': N, 'offset': FIRST_ID, 'schedule': ...} to build_model"
+        )
+    spec = {"name": process, "mask_token_id": mask_token_id, "schedule": schedule}
+    if process == "block":
+        if block_size is None:
+            raise ValueError("model.process='block' needs model.block_size (the block diffusion block length); set it")
+        spec["block_size"] = block_size
+    return spec
+
+
+def build_model(model_cfg: Any, tokenizer: Any, *, process_spec: dict[str, Any] | None = None,
+                generator_seed: int = 0) -> DiffusionLM:
+    """A freshly initialised built-in DiffusionLM sized by a ddrl.config.ModelConfig.
+
+    The initial weights depend only on generator_seed (the global RNG is not used).
+    """
+    if model_cfg.path is not None:
+        raise ValueError(
+            f"model.path={model_cfg.path!r} is set: load that model with load_model, or unset model.path to build one"
+        )
+    config = DenoiserConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=model_cfg.d_model,
+        n_layers=model_cfg.n_layers,
+        n_heads=model_cfg.n_heads,
+        ffn_hidden=swiglu_hidden(model_cfg.d_model, model_cfg.ffn_mult),
+        max_seq_len=model_cfg.max_seq_len,
+        block_size=model_cfg.block_size,
+        dropout=model_cfg.dropout,
+    )
+    backbone = Denoiser(config, seed=generator_seed)
+    spec = process_spec or default_process_spec(model_cfg.process, model_cfg.schedule, tokenizer.mask_token_id,
+                                                 model_cfg.block_size)
+    model = DiffusionLM(
+        backbone, tokenizer, block_size=model_cfg.block_size, process_spec=spec, family="ddrl",
+        # An absorbing process never has the mask as a clean token, so the denoiser never predicts it.
+        suppress_mask_logit="mask_token_id" in spec,
+    )
+    model.to(dtype=resolve_dtype(model_cfg.dtype))
+    if model_cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model

@@ -1,0 +1,195 @@
+"""DiffusionLM: a denoiser plus what the rest of ddrl must know about it.
+
+Samplers, estimators and the trainer see one object whatever the backbone (built-in, Hugging
+Face LLaDA/Dream/SDAR, a user's module): `model(input_ids, attention_mask).logits` aligned so
+that position i's logits predict the clean token at position i, the special ids, the forward
+process, and the tokenizer.
+
+Dream-style models are trained autoregressively first and keep the AR alignment: position i
+predicts token i + 1. `logits_shifted=True` undoes that here, once, so no caller ever thinks
+about it. Position 0 has no prediction of its own after the shift and repeats position 0's
+logits (it is always a prompt token). With a KV cache the first new position has the same issue:
+a caller that needs its prediction must include the token before it in the new chunk.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ddrl.models.io import CONFIG_FILE, ModelDirectoryError, atomic_directory, check_model_dir, read_json, write_json
+from ddrl.models.tokenizer import TOKENIZER_FILE, SymbolTokenizer
+from ddrl.models.transformer import MODEL_TYPE, Denoiser
+
+# Logit given to the mask token when it is suppressed. Finite on purpose: -inf makes p * log p
+# (entropies, full-vocabulary KLs) NaN. exp(-1e4) is exactly 0 in float32/bfloat16, and dividing
+# by a sampling temperature as small as 1e-30 still stays finite in float32.
+SUPPRESSED_LOGIT = -1e4
+
+# The keys of config.json's "ddrl" section, i.e. the constructor arguments restored on load.
+_SAVED_FIELDS = ("mask_token_id", "pad_token_id", "eos_token_id", "bos_token_id", "vocab_size", "logits_shifted",
+                 "block_size", "process_spec", "family", "suppress_mask_logit")
+
+
+@dataclass
+class DiffusionLMOutput:
+    logits: Tensor  # [B, T, V], position i predicts the clean token at position i
+    past_key_values: Any = None  # the backbone's cache when it returned one
+
+
+class DiffusionLM(nn.Module):
+    """Wraps a backbone `model(input_ids, attention_mask=None, **kw) -> object with .logits`.
+
+    model:               the backbone (kept as `self.model`, so LoRA/FSDP can wrap it).
+    tokenizer:           SymbolTokenizer or a Hugging Face tokenizer; its special ids are the defaults.
+    mask_token_id:       the absorbing-state id; must be < vocab_size.
+    vocab_size:          logits width; default: the backbone's config.vocab_size, else the tokenizer's.
+    logits_shifted:      True for AR-initialised models (Dream) whose position i predicts token i + 1.
+    block_size:          block diffusion block size (block-causal attention); None = full attention.
+    process_spec:        {"name": <registered process>, **constructor kwargs}; `process` builds it.
+    family:              "ddrl", "llada", "dream", "sdar", ...: which adapter made it.
+    suppress_mask_logit: give the mask token a logit of -1e4, so the denoiser never predicts it
+                         (MDLM's SUBS parameterisation). On for built-in models of an absorbing
+                         process; off for Hugging Face models, whose reference samplers use raw logits.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Any = None, *, mask_token_id: int | None = None,
+                 pad_token_id: int | None = None, eos_token_id: int | None = None, bos_token_id: int | None = None,
+                 vocab_size: int | None = None, logits_shifted: bool = False, block_size: int | None = None,
+                 process_spec: dict[str, Any] | None = None, family: str = "ddrl", suppress_mask_logit: bool = False):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        from_tok = lambda name: getattr(tokenizer, name, None)  # noqa: E731
+        self.mask_token_id = mask_token_id if mask_token_id is not None else from_tok("mask_token_id")
+        self.pad_token_id = pad_token_id if pad_token_id is not None else from_tok("pad_token_id")
+        self.eos_token_id = eos_token_id if eos_token_id is not None else from_tok("eos_token_id")
+        self.bos_token_id = bos_token_id if bos_token_id is not None else from_tok("bos_token_id")
+        backbone_config = getattr(model, "config", None)
+        if vocab_size is None:
+            vocab_size = getattr(backbone_config, "vocab_size", None)
+        if vocab_size is None and tokenizer is not None:
+            vocab_size = len(tokenizer)
+        if vocab_size is None:
+            raise ValueError(
+                "vocab_size is unknown: the backbone has no config.vocab_size and no tokenizer was given; pass vocab_size"
+            )
+        self.vocab_size = int(vocab_size)
+        if self.mask_token_id is None:
+            raise ValueError("mask_token_id is unknown: pass mask_token_id (the tokenizer has none)")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(
+                f"mask_token_id={self.mask_token_id} is outside the vocabulary [0, vocab_size={self.vocab_size}); "
+                f"pass the id of the model's mask token"
+            )
+        if block_size is None:
+            block_size = getattr(backbone_config, "block_size", None)
+        self.block_size = block_size
+        self.logits_shifted = bool(logits_shifted)
+        self.family = family
+        self.suppress_mask_logit = bool(suppress_mask_logit)
+        if process_spec is None:
+            process_spec = ({"name": "block", "mask_token_id": self.mask_token_id, "block_size": block_size}
+                            if block_size is not None else {"name": "masked", "mask_token_id": self.mask_token_id})
+        self.process_spec = dict(process_spec)
+        self._check_process_spec()
+        self._process: Any = None
+        self._process_key: str | None = None
+
+    def _check_process_spec(self) -> None:
+        spec = self.process_spec
+        if not isinstance(spec.get("name"), str):
+            raise ValueError(f"process_spec needs a 'name' (a registered process such as 'masked'), got {spec!r}")
+        if "offset" in spec and "num_classes" in spec and spec["offset"] + spec["num_classes"] > self.vocab_size:
+            raise ValueError(
+                f"process_spec offset={spec['offset']} + num_classes={spec['num_classes']} exceeds "
+                f"vocab_size={self.vocab_size}; the process must corrupt tokens within the vocabulary"
+            )
+
+    @property
+    def process(self) -> Any:
+        """The forward process built from process_spec (rebuilt if the spec is changed)."""
+        key = json.dumps(self.process_spec, sort_keys=True)
+        if self._process_key != key:
+            from ddrl.registry import PROCESSES
+
+            kwargs = {k: v for k, v in self.process_spec.items() if k != "name"}
+            self._process = PROCESSES.get(self.process_spec["name"])(**kwargs)
+            self._process_key = key
+        return self._process
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        if not hasattr(self.model, "gradient_checkpointing_enable"):
+            raise ValueError(f"the backbone {type(self.model).__name__} does not support gradient checkpointing")
+        self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        if hasattr(self.model, "gradient_checkpointing_disable"):
+            self.model.gradient_checkpointing_disable()
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, **kwargs: Any) -> DiffusionLMOutput:
+        """input_ids [B, T] -> logits [B, T, V] aligned with the input positions.
+
+        kwargs (position_ids, past_key_values, use_cache, ...) go to the backbone unchanged.
+        """
+        out = self.model(input_ids, attention_mask=attention_mask, **kwargs)
+        logits = out.logits  # [B, T, V]
+        if self.logits_shifted:
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        if self.suppress_mask_logit:
+            index = torch.tensor([self.mask_token_id], device=logits.device)
+            logits = logits.index_fill(-1, index, SUPPRESSED_LOGIT)
+        return DiffusionLMOutput(logits=logits, past_key_values=getattr(out, "past_key_values", None))
+
+    # ------------------------------------------------------------------ persistence
+
+    def ddrl_config(self) -> dict[str, Any]:
+        """The "ddrl" section of config.json: everything the constructor needs besides backbone and tokenizer."""
+        return {name: getattr(self, name) for name in _SAVED_FIELDS}
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write config.json (backbone config + "ddrl" section), weights and tokenizer, atomically:
+        everything goes to a temporary sibling directory that is renamed into place at the end,
+        so an interrupted save never leaves a directory that looks complete."""
+        if not hasattr(self.model, "save_pretrained"):
+            raise ValueError(f"the backbone {type(self.model).__name__} has no save_pretrained(directory); give it one")
+        with atomic_directory(directory) as tmp:
+            self.model.save_pretrained(tmp)
+            if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
+                self.tokenizer.save_pretrained(tmp)
+            config = read_json(tmp / CONFIG_FILE)
+            config["ddrl"] = self.ddrl_config()
+            write_json(tmp / CONFIG_FILE, config)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, *, device: torch.device | str | None = None,
+                        dtype: torch.dtype | None = None) -> "DiffusionLM":
+        """Load a built-in model directory (use ddrl.load_model for Hugging Face ones)."""
+        path = check_model_dir(directory)
+        config = read_json(path / CONFIG_FILE)
+        if config.get("model_type") != MODEL_TYPE:
+            raise ModelDirectoryError(
+                f"{str(path)!r} holds a {config.get('model_type')!r} model, not a built-in {MODEL_TYPE!r}; "
+                f"load it with ddrl.load_model"
+            )
+        backbone = Denoiser.from_pretrained(path, device=device, dtype=dtype)
+        tokenizer = SymbolTokenizer.from_pretrained(path) if (path / TOKENIZER_FILE).is_file() else None
+        saved = config.get("ddrl", {})
+        return cls(backbone, tokenizer, **{k: saved[k] for k in _SAVED_FIELDS if k in saved})
+
+    def extra_repr(self) -> str:
+        return (f"family={self.family!r}, vocab_size={self.vocab_size}, mask_token_id={self.mask_token_id}, "
+                f"logits_shifted={self.logits_shifted}, block_size={self.block_size}, process_spec={self.process_spec}")
