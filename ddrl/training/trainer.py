@@ -212,7 +212,8 @@ class Trainer:
         m = self.cfg.method
         kind = m.advantage or self.objective.default_advantage
         clip = m.advantage_clip if m.advantage_clip is not None else getattr(self.objective, "default_advantage_clip", None)
-        batch.advantages = compute_advantages(batch.rewards, batch.group_ids, kind, clip=clip)
+        std = getattr(self.objective, "default_advantage_std", "sample")
+        batch.advantages = compute_advantages(batch.rewards, batch.group_ids, kind, std=std, clip=clip)
         if getattr(self.objective, "token_weights", False) and batch.trajectory is not None:
             from ddrl.estimators.dps import denoising_progress_scores
 
@@ -243,11 +244,11 @@ class Trainer:
         from ddrl.objectives import AggregationCounts
 
         t = self.cfg.train
-        counts = AggregationCounts(
-            tokens=all_reduce_sum(batch.completion_mask.sum().float(), self.dist).item(),
-            sequences=all_reduce_sum(torch.tensor(float(len(batch)), device=self.device), self.dist).item(),
-            world_size=self.dist.world_size,
-        )
+        local = AggregationCounts.from_batch(batch, self.dist.world_size)  # rows with a valid reward
+        totals = all_reduce_sum(torch.tensor([local.tokens, local.sequences, local.groups or 0.0],
+                                             dtype=torch.float64, device=self.device), self.dist).tolist()
+        counts = AggregationCounts(tokens=totals[0], sequences=totals[1], world_size=self.dist.world_size,
+                                   groups=totals[2])
         sums: dict[str, float] = {}
         for k in range(t.num_iterations):
             self.opt.zero_grad(set_to_none=True)

@@ -1,0 +1,146 @@
+"""Concrete scores of a masked denoiser on Hamming-1 neighbours, for SEPO.
+
+Paper: Zekri & Boullé, "Fine-Tuning Discrete Diffusion Models with Policy Gradient Methods" (SEPO),
+arXiv 2502.01384, NeurIPS 2025. Code: ozekri/SEPO (GRPO_MDLM_DNA). ALGORITHMS.md §4.
+
+SEPO's policy gradient goes through the concrete score s_θ(x)_y = π_θ(y)/π_θ(x):
+    log π_θ(x) = -log Σ_y s_θ(x)_y,     ∇ log π_θ(x) = -Σ_y π_θ(y) ∇ log s_θ(x)_y.
+
+Definition used here. For a completion x (prompt c), position i and value v, y = x[i←v]:
+
+    log s_θ(x)_{i,v} := log p_θ(v | x^{-i}, c) - log p_θ(x^i | x^{-i}, c)
+
+where p_θ(· | x^{-i}, c) is the denoiser's distribution at position i when exactly position i is
+masked (everything else visible; the mask token's own logit is excluded). If the denoiser's single-
+site conditionals are those of a joint π_θ (an exact model), s_θ(x)_{i,v} = π_θ(y)/π_θ(x) exactly,
+and on the neighbourhood N_i(x) = {x[i←v] : v ∈ V} (which contains x itself, with score 1):
+
+    log π_θ(x^i | x^{-i}) = -log Σ_v s_θ(x)_{i,v}
+    ∇ log π_θ(x^i | x^{-i}) = -Σ_v π̂(y_{i,v}) ∇ log s_θ(x)_{i,v},
+    π̂(y_{i,v}) = π_θ(y) / Σ_{y'∈N_i(x)} π_θ(y') = p_θ(v | x^{-i})
+
+i.e. SEPO's identity with self-normalised (SNIS) weights over N_i(x). For a one-token completion
+N_i(x) is the whole space and this is SEPO's identity verbatim (tests/unit/test_sepo.py checks both
+on an exact tiny model). Summed over positions it is the gradient of the pseudo-log-likelihood
+Σ_i log π_θ(x^i|x^{-i}); the estimator samples `num_positions` positions per sequence (one masked
+position per forward row, B·K rows in one batched call) so it fits real vocabularies and lengths.
+
+Weights π̂: exact (`snis_samples=0`, free: they come from the same logits), or SEPO's Monte-Carlo
+SNIS with M neighbour values per position drawn from the model's own detached conditional
+(`snis_samples=M`; proposal = target, so the self-normalised weights are count/M).
+
+Deviation from the released code: it feeds the clean sequence to a time-conditioned MDLM at
+t ≈ 1/128, reads its normalised logits as scores, and estimates π(y) for all L·d neighbours with an
+M-sample SNIS (≈ L·d·M extra forward passes). For an LLM-style masked denoiser the output at a visible
+position is not a prediction, so the scores are read at a masked position instead, as defined above.
+
+Output: token_logp [B, L] = log p_θ(x^i|x^{-i}) at the probed positions (mask), seq_logp [B] = the
+pseudo-log-likelihood estimated from them (scaled by len/K), extras["score_surrogate"] [B, L] =
+S_i = -Σ_v π̂(y_{i,v}) log s_θ(x)_{i,v} (with grad; weights detached), whose gradient is ∇ log p_θ(x^i|x^{-i}).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from ddrl.estimators.common import generator_from_seed, uniform
+from ddrl.registry import ESTIMATORS
+from ddrl.types import EstimatorOutput, RolloutBatch
+
+
+def score_surrogate(log_scores: Tensor, weights: Tensor) -> Tensor:
+    """SEPO's surrogate S = -Σ_y sg(π̂(y)) log s(x)_y over the last dim; its gradient is ∇ log π(x)
+    when the weights are the (normalised) probabilities of the neighbourhood. [..., N] -> [...]
+
+    Neighbours of weight 0 are skipped (the mask token's log-score is -inf, and 0·(-inf) is NaN).
+    """
+    weights = weights.detach()
+    zero = torch.zeros((), dtype=log_scores.dtype, device=log_scores.device)
+    terms = torch.where(weights > 0, weights * log_scores, zero)
+    return -terms.sum(-1)
+
+
+def pick_positions(completion_mask: Tensor, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """k distinct positions per row, uniformly among completion tokens (seeded).
+
+    Returns positions [B, k] long and valid [B, k] bool (False where a row has fewer than k tokens;
+    those probes point at distinct non-completion positions and are ignored).
+    """
+    b, length = completion_mask.shape
+    k = min(k, length)
+    keys = uniform((b, length), generator, completion_mask.device)
+    keys = keys + 2.0 * (~completion_mask.bool()).to(keys.dtype)  # completion tokens sort first
+    positions = keys.argsort(dim=1)[:, :k]  # distinct within a row
+    valid = torch.arange(k, device=completion_mask.device)[None, :] < completion_mask.sum(1, keepdim=True)
+    return positions, valid
+
+
+def masked_position_log_probs(model: Any, batch: RolloutBatch, positions: Tensor) -> Tensor:
+    """log p_θ(· | x^{-i}, c) at each probed completion position i, one masked position per row.
+
+    positions [B, K] (completion indices) -> [B, K, V] log-probs, at least float32 (mask token excluded).
+    """
+    b, k = positions.shape
+    prompt_len = batch.prompt_ids.shape[1]
+    ids = batch.input_ids.repeat_interleave(k, dim=0)  # [B*K, T]
+    attn = batch.attention_mask.repeat_interleave(k, dim=0)
+    target = prompt_len + positions.reshape(-1)  # [B*K] absolute positions
+    rows = torch.arange(b * k, device=ids.device)
+    ids[rows, target] = model.mask_token_id
+    logits = model(ids, attn).logits  # [B*K, T, V]
+    read_at = target - 1 if getattr(model, "logits_shifted", False) else target  # Dream predicts the next token
+    logits = logits[rows, read_at]  # [B*K, V]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> float32; float64 stays
+    if model.mask_token_id < logits.shape[-1]:
+        logits[:, model.mask_token_id] = float("-inf")
+    return torch.log_softmax(logits, dim=-1).reshape(b, k, -1)
+
+
+def neighbour_weights(log_probs: Tensor, snis_samples: int, generator: torch.Generator) -> Tensor:
+    """π̂(y_{i,v}) [B, K, V], detached: exact p(v|x^{-i}), or SNIS counts/M from M draws of it."""
+    probs = log_probs.detach().exp()
+    if snis_samples == 0:
+        return probs
+    flat = probs.reshape(-1, probs.shape[-1]).cpu()
+    draws = torch.multinomial(flat, snis_samples, replacement=True, generator=generator)  # [B*K, M]
+    counts = torch.zeros_like(flat).scatter_add_(1, draws, torch.ones_like(draws, dtype=flat.dtype))
+    return (counts / snis_samples).reshape(probs.shape).to(probs.device)
+
+
+@ESTIMATORS.register("concrete_score")
+@dataclass
+class ConcreteScore:
+    """Hamming-1 concrete scores of a masked denoiser at sampled positions (SEPO)."""
+
+    name: ClassVar[str] = "concrete_score"
+    paper: ClassVar[str] = "SEPO, Zekri & Boullé, arXiv 2502.01384"
+    formula: ClassVar[str] = "log s(x)_{i,v} = log p(v|x^{-i}) - log p(x^i|x^{-i}); S_i = -Σ_v π̂(v) log s(x)_{i,v}"
+    passes: ClassVar[str] = "1 (of B*num_positions rows)"
+    needs_trajectory: ClassVar[bool] = False
+
+    num_positions: int = 4  # positions probed per sequence (each one masked alone in its own forward row)
+    snis_samples: int = 0  # M: 0 = exact neighbour weights; M > 0 = SEPO's SNIS with M draws per position
+
+    def __call__(self, model: Any, batch: RolloutBatch, seed: int) -> EstimatorOutput:
+        generator = generator_from_seed(seed)
+        completion_mask = batch.completion_mask.bool()
+        positions, valid = pick_positions(completion_mask, self.num_positions, generator)  # [B, K]
+        log_probs = masked_position_log_probs(model, batch, positions)  # [B, K, V]
+        tokens = batch.completion_ids.gather(1, positions)  # [B, K]
+        token_lp = log_probs.gather(-1, tokens[..., None]).squeeze(-1)  # [B, K] = -logsumexp_v log s
+        log_scores = log_probs - token_lp[..., None]  # [B, K, V], log s(x)_{i,v}; 0 at v = x^i
+        surrogate = score_surrogate(log_scores, neighbour_weights(log_probs, self.snis_samples, generator))
+
+        zero = torch.zeros((), dtype=token_lp.dtype, device=token_lp.device)
+        token_lp, surrogate = torch.where(valid, token_lp, zero), torch.where(valid, surrogate, zero)
+        shape = completion_mask.shape
+        token_logp = torch.zeros(shape, dtype=token_lp.dtype, device=token_lp.device).scatter(1, positions, token_lp)
+        surrogate_full = torch.zeros_like(token_logp).scatter(1, positions, surrogate)
+        mask = torch.zeros(shape, dtype=torch.bool, device=token_lp.device).scatter(1, positions, valid)
+        scale = completion_mask.sum(1) / valid.sum(1).clamp(min=1)  # len / K: pseudo-likelihood estimate
+        seq_logp = token_logp.sum(1) * scale
+        return EstimatorOutput(token_logp, seq_logp, mask, {"score_surrogate": surrogate_full})

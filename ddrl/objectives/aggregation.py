@@ -1,0 +1,142 @@
+"""Loss aggregation that gives the same gradient however the step's batch is split.
+
+An optimizer step sees its rollouts in micro-batches (gradient accumulation) and, with torchrun,
+on several processes. Dividing each micro-batch's loss by its *own* token or sequence count makes
+the result depend on how the batch was cut (a short micro-batch weighs as much as a long one).
+Every function here divides by the GLOBAL count of the step instead, carried by
+`AggregationCounts`, and returns the micro-batch's *contribution*: summing the contributions of
+all micro-batches on all processes gives exactly the full-batch loss and gradient.
+
+    counts = AggregationCounts.from_batch(step_batch)          # this process's whole step
+    counts = all-reduce(tokens, sequences, groups) over processes; world_size = N
+    for micro in micro_batches:
+        out = objective(micro, new, old, ref, counts=counts)
+        (out.loss * counts.world_size).backward()              # DDP averages grads over N
+
+DDP *averages* gradients over processes, so the trainer multiplies each contribution by
+`counts.world_size` before backward; the average of N such gradients is then their sum.
+
+Group-level operations (the softmax over a group in wd1 and StableDRL, leave-one-out) need the
+whole group in one micro-batch: the trainer must cut micro-batches on group boundaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ddrl.types import RolloutBatch
+
+
+@dataclass
+class AggregationCounts:
+    """Global counts of the loss-bearing units in one optimizer step (all micro-batches, all processes).
+
+    tokens:     completion tokens of rows with a valid reward (sum of the completion mask)
+    sequences:  rows with a valid reward
+    world_size: number of data-parallel processes (the trainer scales losses by it before backward)
+    groups:     prompt groups with at least one valid row (for per-group objectives: wd1, StableDRL)
+    """
+
+    tokens: float
+    sequences: float
+    world_size: int = 1
+    groups: float | None = None
+
+    @classmethod
+    def from_batch(cls, batch: RolloutBatch, world_size: int = 1) -> "AggregationCounts":
+        """Counts of one process's step batch; sum them over processes for the global counts."""
+        valid = batch.reward_valid
+        mask = batch.completion_mask.bool() & valid[:, None]
+        groups = torch.unique(batch.group_ids[valid]).numel()
+        return cls(float(mask.sum()), float(valid.sum()), world_size, float(groups))
+
+    def __add__(self, other: "AggregationCounts") -> "AggregationCounts":
+        """Counts of two disjoint parts of a step (e.g. two processes' batches)."""
+        groups = None if self.groups is None or other.groups is None else self.groups + other.groups
+        return AggregationCounts(self.tokens + other.tokens, self.sequences + other.sequences,
+                                 max(self.world_size, other.world_size), groups)
+
+    def number_of_groups(self) -> float:
+        if self.groups is None:
+            raise ValueError("this objective normalises per prompt group: pass AggregationCounts(groups=...)")
+        return self.groups
+
+
+def _safe(count: float) -> float:
+    return max(float(count), 1.0)  # an empty step contributes 0, never NaN
+
+
+def masked(values: Tensor, mask: Tensor) -> Tensor:
+    """values where mask, else 0 (also where values are inf/NaN at unmasked positions)."""
+    return torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def token_mean(values: Tensor, mask: Tensor, counts: AggregationCounts) -> Tensor:
+    """Σ_{b,i} values·mask / global token count. values, mask: [B, L]."""
+    return masked(values, mask).sum() / _safe(counts.tokens)
+
+
+def sequence_token_mean(values: Tensor, mask: Tensor, counts: AggregationCounts) -> Tensor:
+    """Per-sequence mean over its masked positions, summed over rows / global sequence count.
+
+    A row with an empty mask contributes 0. values, mask: [B, L].
+    """
+    per_row = masked(values, mask).sum(1) / mask.sum(1).clamp(min=1)
+    return per_row.sum() / _safe(counts.sequences)
+
+
+def sequence_token_sum(values: Tensor, mask: Tensor, counts: AggregationCounts) -> Tensor:
+    """Per-sequence sum over its masked positions / global sequence count. values, mask: [B, L]."""
+    return masked(values, mask).sum() / _safe(counts.sequences)
+
+
+def sequence_mean(values: Tensor, counts: AggregationCounts, mask: Tensor | None = None) -> Tensor:
+    """Σ_b values_b (over rows where mask) / global sequence count. values, mask: [B]."""
+    if mask is not None:
+        values = masked(values, mask)
+    return values.sum() / _safe(counts.sequences)
+
+
+def length_weighted_mean(values: Tensor, lengths: Tensor, counts: AggregationCounts,
+                         mask: Tensor | None = None) -> Tensor:
+    """Σ_b values_b·len_b / Σ_b len_b with the global token count as Σ len (SPG). values, lengths: [B]."""
+    weighted = values * lengths.to(values.dtype)
+    if mask is not None:
+        weighted = masked(weighted, mask)
+    return weighted.sum() / _safe(counts.tokens)
+
+
+def group_mean(values: Tensor, counts: AggregationCounts, mask: Tensor | None = None) -> Tensor:
+    """Σ_b values_b / global number of groups: per-group sums averaged over groups. values: [B]."""
+    if mask is not None:
+        values = masked(values, mask)
+    return values.sum() / _safe(counts.number_of_groups())
+
+
+# The per-token reductions a token-level objective may choose by name (see ppo.py).
+TOKEN_REDUCTIONS = {
+    "token_mean": token_mean,
+    "sequence_token_mean": sequence_token_mean,
+    "sequence_token_sum": sequence_token_sum,
+}
+
+
+def group_softmax(logits: Tensor, group_ids: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Softmax of logits [B] within each group of rows sharing a group id; rows outside mask get 0.
+
+    Needs every member of a group in this call (micro-batches cut on group boundaries).
+    """
+    if mask is None:
+        mask = torch.ones_like(logits, dtype=torch.bool)
+    _, index = torch.unique(group_ids, return_inverse=True)  # [B] dense group index
+    n = int(index.max()) + 1 if index.numel() else 0
+    neg_inf = torch.full((n,), float("-inf"), dtype=logits.dtype, device=logits.device)
+    filled = torch.where(mask, logits, torch.full_like(logits, float("-inf")))
+    group_max = neg_inf.scatter_reduce(0, index, filled, reduce="amax", include_self=True)
+    shift = torch.where(torch.isfinite(group_max), group_max, torch.zeros_like(group_max))
+    e = torch.where(mask, torch.exp(filled - shift[index]), torch.zeros_like(logits))
+    total = torch.zeros(n, dtype=logits.dtype, device=logits.device).index_add(0, index, e)
+    return e / total[index].clamp(min=torch.finfo(logits.dtype).tiny)

@@ -1,0 +1,144 @@
+"""The objective contract and the few pieces every objective shares.
+
+An objective is a dataclass whose fields are its hyper-parameters (set in a config's
+`method.objective_args`) and whose class attributes say what it needs, so that the trainer
+computes only that:
+
+    loss_out = objective(batch, new, old, ref, counts=counts)
+
+    batch   RolloutBatch of one micro-batch (whole prompt groups), advantages already computed
+    new     EstimatorOutput of the current policy (with grad)
+    old     EstimatorOutput of the behaviour policy (no grad), or None (then old = sg(new): ratio 1)
+    ref     EstimatorOutput of the reference model (no grad), or None when not needed
+    counts  AggregationCounts of the whole optimizer step (aggregation.py)
+
+Read the needs_* flags on an instance: where beta decides (needs_ref) or an option does
+(needs_trajectory with token_weights), they are properties computed from the fields.
+Rows with an invalid reward (batch.reward_valid False) carry no loss at all.
+Stats are detached 0-d tensors describing this micro-batch (means/maxima over its rows/tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from ddrl.objectives.aggregation import AggregationCounts
+from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
+
+
+@dataclass
+class Objective:
+    """Base of every objective; subclasses set the class attributes and implement __call__."""
+
+    name: ClassVar[str] = ""
+    paper: ClassVar[str] = ""  # short citation: authors, arXiv id
+    formula: ClassVar[str] = ""  # one line, shown by `ddrl methods`
+    default_estimator: ClassVar[str] = "mean_field"  # an ESTIMATORS name
+    default_estimator_args: ClassVar[dict] = {}  # estimator keyword arguments this method's paper uses
+    default_advantage: ClassVar[str] = "mean"  # mean | zscore | loo
+    default_advantage_clip: ClassVar[float | None] = None  # clamp advantages to ±this
+    default_advantage_std: ClassVar[str] = "sample"  # zscore's std: sample | population
+    needs_old: ClassVar[bool] = False  # uses the behaviour policy's estimate
+    needs_ref: ClassVar[bool] = False  # uses the reference model's estimate (properties where beta decides)
+    needs_trajectory: ClassVar[bool] = False  # the sampler must record batch.trajectory
+    fresh_masks: ClassVar[bool] = False  # a new estimator-mask seed for every pass (StableDRL)
+    on_policy: ClassVar[bool] = False  # one update per rollout; old = sg(current) by construction
+
+    def __post_init__(self) -> None:
+        # YAML 1.1 reads 4e-4 as a string; objective_args arrive untyped, so numbers are fixed here.
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, str) and "float" in str(f.type) and "str" not in str(f.type):
+                setattr(self, f.name, float(value))
+
+    def __call__(self, batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutput | None,
+                 ref: EstimatorOutput | None, *, counts: AggregationCounts) -> LossOutput:
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------------------------
+# Shared pieces
+# --------------------------------------------------------------------------------------------
+
+
+def token_loss_mask(batch: RolloutBatch, estimator_mask: Tensor) -> Tensor:
+    """[B, L] bool: positions the estimator scored, inside the completion, of rows with a valid reward."""
+    return estimator_mask.bool() & batch.completion_mask.bool() & batch.reward_valid[:, None]
+
+
+def token_logps(out: EstimatorOutput, who: str) -> Tensor:
+    if out.token_logp is None:
+        raise ValueError(f"this objective needs per-token log-probs, but the {who} estimator output has "
+                         f"token_logp=None; pick a token-level estimator (mean_field, random_ratio ...)")
+    return out.token_logp.float()
+
+
+def sequence_proxy(out: EstimatorOutput, prefer: str = "elbo") -> Tensor:
+    """[B] sequence-level log-likelihood proxy.
+
+    prefer="elbo": extras["elbo"] if the estimator gave it, else seq_logp (ESPO, FPO, StableDRL, SPG).
+    prefer="seq":  seq_logp, else extras["elbo"] (GDSD's plain denoise log-prob).
+    """
+    order = (out.extras.get("elbo"), out.seq_logp) if prefer == "elbo" else (out.seq_logp, out.extras.get("elbo"))
+    value = next((v for v in order if v is not None), None)
+    if value is None:
+        raise ValueError("this objective needs a sequence-level proxy (seq_logp or extras['elbo']); "
+                         "pick a sequence estimator (coupled_elbo, spg, fpo_elbo ...)")
+    return value.float()
+
+
+def old_or_detached(old: EstimatorOutput | None, new_value: Tensor, pick) -> Tensor:
+    """The behaviour policy's value, or sg(new) when there is no old pass (μ = 1: ratio ≡ 1)."""
+    return new_value.detach() if old is None else pick(old).detach()
+
+
+def require_ref(ref: EstimatorOutput | None, name: str) -> EstimatorOutput:
+    if ref is None:
+        raise ValueError(f"{name}: beta > 0 needs the reference model's estimate (ref=None was passed)")
+    return ref
+
+
+def inject_ratio_noise(log_ratio: Tensor, std: float, seed: int | Tensor) -> Tensor:
+    """Stress hook ("exploding weights", StableDRL Fig. 5): log ρ + N(0, std²), noise from `seed`.
+
+    The noise is a constant (no gradient) drawn on the CPU from torch.Generator(seed), so every
+    objective that uses the hook sees the same draws for the same batch (objectives pass
+    batch.mask_seeds[0]; micro-batches of equal shape draw the same noise, so the stress mode is not
+    split-invariant, which it need not be). std = 0 returns log_ratio unchanged.
+    """
+    if std == 0.0:
+        return log_ratio
+    g = torch.Generator().manual_seed(int(seed))
+    noise = torch.randn(log_ratio.shape, generator=g, dtype=torch.float64) * std
+    return log_ratio + noise.to(device=log_ratio.device, dtype=log_ratio.dtype)
+
+
+def noise_seed(batch: RolloutBatch) -> int:
+    return int(batch.mask_seeds.reshape(-1)[0]) if batch.mask_seeds.numel() else 0
+
+
+def clipped_surrogate(log_ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:
+    """PPO's pessimistic surrogate, elementwise: -min(ρA, clip(ρ, 1-ε_low, 1+ε_high)·A).
+
+    Conditional clipping: the clipped branch is taken only when ρ > 1+ε with A > 0 or ρ < 1-ε with
+    A < 0; a sample with A < 0 and ρ ≫ 1 passes unclipped and its gradient scales with ρ
+    (the failure StableDRL fixes). Returns (loss [...], clipped [...] bool: clipped branch active).
+    """
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
+    return -torch.minimum(unclipped, clipped), (clipped < unclipped).detach()
+
+
+def masked_stat(values: Tensor, mask: Tensor, reduce: str = "mean") -> Tensor:
+    """Detached mean / max of values over mask (0 when empty), for logging."""
+    with torch.no_grad():
+        v = values.detach().float()[mask]
+        if v.numel() == 0:
+            return torch.zeros((), device=values.device)
+        return v.mean() if reduce == "mean" else v.max()

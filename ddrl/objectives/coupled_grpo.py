@@ -1,0 +1,32 @@
+"""coupled-GRPO (DiffuCoder): token-level GRPO on three-pass coupled log-probabilities.
+
+Paper: Gong et al., "DiffuCoder: Understanding and Improving Masked Diffusion Models for Code
+Generation", arXiv 2506.20639. Code: apple/ml-diffucoder (coupled_grpo.py). ALGORITHMS.md §10.6.
+
+    log π(x^i) := ½[log p0(x^i) + 1[i∈S]·log p1(x^i)/t + 1[i∉S]·log p2(x^i)/(1-t)]   (`coupled_three_pass`)
+    ℓ_i = -min(ρ_i A, clip(ρ_i, 1±ε) A) + β·k3(π_ref, π_θ)_i,   A = leave-one-out (no std)
+    L   = token mean over the completion mask
+
+Defaults from recipes/config_coupled_code.yaml: ε = 0.5, β = 0.01.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ddrl.objectives.ppo import TokenPPO
+from ddrl.registry import OBJECTIVES
+
+
+@OBJECTIVES.register("coupled_grpo")
+@dataclass
+class CoupledGRPO(TokenPPO):
+    name: ClassVar[str] = "coupled_grpo"
+    paper: ClassVar[str] = "coupled-GRPO (DiffuCoder), Gong et al., arXiv 2506.20639"
+    formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A) + β·k3 per token on coupled 3-pass log-probs, token mean"
+    default_estimator: ClassVar[str] = "coupled_three_pass"
+    default_advantage: ClassVar[str] = "loo"
+
+    epsilon: float = 0.5  # clip range ε
+    beta: float = 0.01  # k3 KL coefficient to the reference model

@@ -1,0 +1,87 @@
+"""DiPOD's on-policy ELBO regulariser, composable with any objective.
+
+Paper: Jiang, Feng, Abbeel, Jiao, Kanazawa, Haghtalab, "DiPOD: Diffusion Policy Optimization without
+Drifting Apart", arXiv 2606.13795. Code: Astro-Eric/DiPOD-release (via a public mirror). §9.
+
+Optimising a variational surrogate lets the ELBO drift away from the true log-likelihood, and the
+proxy gradient with it ("double drift"). DiPOD keeps the bound tight by maximising the ELBO of the
+policy's own current samples next to each policy-gradient step:
+
+    L_DiPOD = L_base + λ·mean_i(-ELBO_θ(x_i)),      λ = 0.05 (README: re-tune around 0.05 on other hardware)
+
+ELBO_θ is the estimator's extras["elbo"] if present, else its seq_logp. "dipod" is FPO + this term
+(the released d1-based recipe); `with_elbo_regulariser(objective, lam)` adds it to any objective
+(e.g. SPG: note the released SPG+DiPOD weights the term by length, Σ_i(-ELBO_i)·len_i/Σlen, while this
+wrapper uses the plain sequence mean).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from ddrl.objectives.aggregation import AggregationCounts, sequence_mean
+from ddrl.objectives.base import sequence_proxy
+from ddrl.objectives.fpo import FPO
+from ddrl.registry import OBJECTIVES
+from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
+
+
+def elbo_regulariser(batch: RolloutBatch, new: EstimatorOutput, counts: AggregationCounts) -> Tensor:
+    """mean_i(-ELBO_θ(x_i)) over valid rows, with the global sequence count (a 0-d tensor with grad)."""
+    return sequence_mean(-sequence_proxy(new, "elbo"), counts, batch.reward_valid)
+
+
+def add_elbo_regulariser(out: LossOutput, batch: RolloutBatch, new: EstimatorOutput, lam: float,
+                         counts: AggregationCounts) -> LossOutput:
+    if lam == 0.0:
+        return out
+    reg = elbo_regulariser(batch, new, counts)
+    return LossOutput(out.loss + lam * reg, {**out.stats, "elbo_reg": reg.detach()})
+
+
+class ELBORegularised:
+    """`objective` with DiPOD's + λ·mean(-ELBO_θ) term; every other attribute is the objective's."""
+
+    def __init__(self, objective: Any, lam: float):
+        self.objective = objective
+        self.lam = float(lam)
+
+    def __getattr__(self, name: str) -> Any:  # needs_old, default_estimator, ... come from the objective
+        if name == "objective":
+            raise AttributeError(name)
+        return getattr(self.objective, name)
+
+    @property
+    def formula(self) -> str:
+        return f"{self.objective.formula} + λ·mean(-ELBO_θ), λ = {self.lam:g}"
+
+    def __call__(self, batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutput | None,
+                 ref: EstimatorOutput | None, *, counts: AggregationCounts) -> LossOutput:
+        out = self.objective(batch, new, old, ref, counts=counts)
+        return add_elbo_regulariser(out, batch, new, self.lam, counts)
+
+    def __repr__(self) -> str:
+        return f"ELBORegularised({self.objective!r}, lam={self.lam:g})"
+
+
+def with_elbo_regulariser(objective: Any, lam: float) -> Any:
+    """Wrap any objective with DiPOD's on-policy ELBO regulariser (the objective itself if lam = 0)."""
+    return objective if lam == 0.0 else ELBORegularised(objective, lam)
+
+
+@OBJECTIVES.register("dipod")
+@dataclass
+class DiPOD(FPO):
+    name: ClassVar[str] = "dipod"
+    paper: ClassVar[str] = "DiPOD, Jiang et al., arXiv 2606.13795"
+    formula: ClassVar[str] = "FPO loss + λ·mean_i(-ELBO_θ(x_i)) (on-policy ELBO regulariser)"
+
+    elbo_reg: float = 0.05  # λ, weight of the on-policy ELBO regulariser (dipod_beta)
+
+    def __call__(self, batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutput | None,
+                 ref: EstimatorOutput | None, *, counts: AggregationCounts) -> LossOutput:
+        out = super().__call__(batch, new, old, ref, counts=counts)
+        return add_elbo_regulariser(out, batch, new, self.elbo_reg, counts)

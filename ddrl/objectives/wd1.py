@@ -1,0 +1,57 @@
+"""wd1: ratio-free weighted policy optimisation.
+
+Paper: Tang, Dolga, Yoon, Bogunovic, "wd1: Weighted Policy Optimization for Reasoning in Diffusion
+Language Models", arXiv 2507.08838. Code: xiaohangt/wd1 (trainers/rev_grpo_trainer.py). §10.1.
+
+    ℓ_θ(x) = Σ_i m_i log p_θ(x^i | c̃)          (d1's mean-field log-probs summed over the completion)
+    w⁺ = softmax(A) over the group,  w⁻ = softmax(-A) over the group,   A = r - mean_group(r)
+    L  = -Σ_i w⁺_i ℓ_θ(x_i) + Σ_i w⁻_i ℓ_θ(x_i)     per group, averaged over the step's groups
+
+No old or reference likelihoods, no ratio. The released code takes the softmax over the per-device
+micro-batch, which with its settings is exactly one prompt group, and gradient accumulation then
+averages over micro-batches = groups; here the softmax is explicitly per group (micro-batches must
+hold whole groups) and the average uses the global group count, so the split does not matter.
+Rows with an invalid reward are left out of the softmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ddrl.objectives.aggregation import AggregationCounts, group_mean, group_softmax, masked
+from ddrl.objectives.base import Objective, masked_stat, token_loss_mask
+from ddrl.registry import OBJECTIVES
+from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
+
+
+def summed_logp(batch: RolloutBatch, out: EstimatorOutput) -> torch.Tensor:
+    """[B] Σ of per-token log-probs over the scored completion tokens (seq_logp if no token values)."""
+    if out.token_logp is None:
+        if out.seq_logp is None:
+            raise ValueError("wd1 needs token_logp or seq_logp from the estimator")
+        return out.seq_logp.float()
+    return masked(out.token_logp.float(), token_loss_mask(batch, out.mask)).sum(1)
+
+
+@OBJECTIVES.register("wd1")
+@dataclass
+class WD1(Objective):
+    name: ClassVar[str] = "wd1"
+    paper: ClassVar[str] = "wd1, Tang et al., arXiv 2507.08838"
+    formula: ClassVar[str] = "-Σ softmax_G(A)·ℓ + Σ softmax_G(-A)·ℓ, ℓ = Σ_i log π(x^i); mean over groups"
+    default_estimator: ClassVar[str] = "mean_field"
+    default_advantage: ClassVar[str] = "mean"
+
+    def __call__(self, batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutput | None,
+                 ref: EstimatorOutput | None, *, counts: AggregationCounts) -> LossOutput:
+        valid = batch.reward_valid
+        ell = summed_logp(batch, new)  # [B]
+        adv = batch.advantages.to(ell.dtype)
+        w_pos = group_softmax(adv, batch.group_ids, valid)
+        w_neg = group_softmax(-adv, batch.group_ids, valid)
+        loss = group_mean((w_neg - w_pos) * ell, counts, valid)
+        stats = {"weight_max": masked_stat(w_pos, valid, "max"), "seq_logp_mean": masked_stat(ell, valid)}
+        return LossOutput(loss, stats)
