@@ -1,0 +1,515 @@
+"""Masked-diffusion samplers: LLaDA's semi-autoregressive low-confidence sampler, confidence-threshold
+parallel decoding, MaskGRPO's ancestral "emerge" sampler and block-diffusion decoding.
+
+**generate()** is LLaDA's reference `generate()` (Nie et al. 2025, "Large Language Diffusion Models";
+ALGORITHMS.md §1.2), batched. The completion starts as gen_length masks and is decoded in blocks of
+block_length, left to right, with spb = steps // num_blocks model calls per block. In a block with n
+masked positions, step s commits k_s = n // spb tokens, one more in the first n % spb steps:
+
+    logits = model([prompt, completion]).logits        # guided: un + (w+1)(cond - un) if cfg_scale=w > 0
+    x0     = argmax(logits - tau * log(-log U))         # Gumbel-max: x0 ~ softmax(logits / tau); tau=0: argmax
+    conf   = softmax(logits)[x0]  ("low_confidence")  or  U' ~ U(0, 1)  ("random")
+    commit the k_s still-masked positions of the block with the highest conf: completion[pos] = x0[pos]
+
+With temperature 0 and low-confidence remasking the tokens are the reference's, exactly (the test
+compares with a plain per-row transcription). Where this code differs from the reference:
+  (a) Gumbel-max in log space (utils.gumbel_argmax): the same draw, without exp() overflow.
+  (b) Noise is drawn only for the current block, from the explicit generator, for all rows even
+      after early exit removed some, so a row's samples never depend on the other rows.
+  (c) Only positions of the current block are committed. The reference also lets [MASK] tokens
+      that a user typed inside the prompt compete for the block's commits; here a prompt is given.
+  (d) Equal confidences go to the leftmost position (stable sort); the reference leaves ties to
+      torch.topk. They occur at p = 1.0 in float64, e.g. on runs of trailing EOS.
+  (e) generate() never early-exits; the registry samplers may (see below).
+
+**Threshold decoding** (Fast-dLLM, Wu et al. 2025; §1.8), when threshold is set: at each step commit
+every masked position of the current block whose confidence is >= threshold, and always the single
+most confident one; a block ends when it has no mask left, so the number of model calls adapts to the
+model's confidence (at most block_length per block) and `steps` is not used.
+
+**"emerge"** (MaskGRPO's ancestral sampler, Ma et al. 2025; §1.3): with mask fraction k(tau) and
+T steps per block, at step s (k_t = k(s/T), k_s = k((s+1)/T)) every masked token independently
+becomes a draw from softmax(logits / temperature) (argmax at temperature 0) with probability
+(k_t - k_s) / k_t, else stays masked; the last step fills every remaining mask. The number of tokens
+per step is random, unlike LLaDA's fixed counts. k is linear (1 - tau) or MaskGRPO's cosine
+cos(pi tau / 2), picked by EMERGE_SCHEDULE_FOR_PROCESS from the model's process schedule. Note that
+"cosine" here is MaskGIT's pace, not the MDLM cosine alpha(t) of ddrl.processes.schedules: a masked
+denoiser does not see t, so any pace gives valid samples; it only decides when tokens appear.
+
+**"block"** (SDAR/TraDo block diffusion; §1.6): the masked sampler with block_length = model.block_size
+for block-causal models, threshold decoding when rollout.threshold is set. Blocks are counted from the
+start of the completion (block b = completion positions [b * block_size, (b + 1) * block_size)).
+
+**Early exit** (registry samplers, rollout.early_exit): after a block is finished, a row whose
+completion so far contains model.eos_token_id has its remaining blocks filled with EOS and gets no
+further model calls; the loop stops when every row is done. Tokens up to a row's first EOS are the
+ones it would get without early exit (same noise, see (b)).
+
+**Trajectory** (return_trajectory=True), recorded from the logits already computed, no extra call:
+  commit_step [B, L]  global 0-based step (model call) at which each completion position was
+                      committed; -1 for positions filled with EOS by early exit.
+  token_probs [B, S, L]  softmax(logits)[final token], the model's (guided, temperature-1)
+                      probability at step s of the token finally committed at the position:
+                        * exact for every step of the block the position belongs to, up to its commit;
+                        * after the commit step: the value at the commit step (Trajectory contract);
+                        * steps before the position's block started: NaN (not recorded, see below);
+                        * positions filled by early exit: NaN.
+  The final token of a position is known only when it is committed, so exact values for earlier
+  steps need that step's whole distribution. Keeping it for every position at every step would cost
+  O(S * B * L * V); we keep it only for the block being decoded, as float32 [A, block_length, V] per
+  step, and gather it when the block closes: peak extra memory spb * B * block_length * V * 4 bytes
+  (LLaDA, 6 rows, block 32, 16 steps per block: ~1.5 GB on the GPU; the emerge sampler's block is the
+  whole completion by default), freed after each block; the result is O(B * S * L).
+  step_times [S] (emerge only): 1 - s/T, the diffusion time entering each step of its block.
+  states: None.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from torch import Tensor
+
+from ddrl.registry import SAMPLERS
+from ddrl.sampling.base import SampleOutput
+from ddrl.sampling.utils import RowNoise, completion_logits, gumbel_argmax
+from ddrl.types import Trajectory
+
+if TYPE_CHECKING:  # sampling imports only torch at run time (DESIGN.md: dependencies point one way)
+    from ddrl.config import SamplerConfig
+
+REMASKING = ("low_confidence", "random")
+
+# Mask fraction k(tau) of the emerge sampler at reverse progress tau in [0, 1] (1 = all masked at tau = 0).
+EMERGE_SCHEDULES: dict[str, Callable[[float], float]] = {
+    "linear": lambda tau: 1.0 - tau,
+    "cosine": lambda tau: math.cos(0.5 * math.pi * tau),  # MaskGRPO / MaskGIT image sampler
+}
+# Which emerge pace a model gets, by the name of its process schedule; anything else gets "linear".
+EMERGE_SCHEDULE_FOR_PROCESS: dict[str, str] = {"linear": "linear", "cosine": "cosine"}
+
+
+# --------------------------------------------------------------------------------------------
+# Commit rules: how many / which masked positions of the current block a step commits
+# --------------------------------------------------------------------------------------------
+
+
+def transfer_counts(num_masked: Tensor, steps: int) -> Tensor:
+    """[A] masked counts -> [A, steps] tokens to commit per step: n // steps, +1 in the first n % steps steps.
+
+    LLaDA's schedule; with steps > n the trailing steps commit nothing (the reference still runs them).
+    """
+    base = (num_masked // steps)[:, None]  # [A, 1]
+    extra = torch.arange(steps, device=num_masked.device)[None, :] < (num_masked % steps)[:, None]  # [A, steps]
+    return base + extra.long()
+
+
+def commit_top_k(confidence: Tensor, k: Tensor) -> Tensor:
+    """[A, W] confidence, [A] counts -> [A, W] bool: the k[a] most confident positions of each row.
+
+    A stable descending sort ranks the positions, so ties go to the leftmost one and one call serves
+    rows with different k (torch.topk would need a loop over rows).
+    """
+    order = confidence.argsort(dim=-1, descending=True, stable=True)  # [A, W]
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    return ranks < k[:, None]
+
+
+def commit_above_threshold(confidence: Tensor, masked: Tensor, threshold: float) -> Tensor:
+    """[A, W] -> [A, W] bool: every masked position with confidence >= threshold, and always the most
+    confident masked one (Fast-dLLM), so each row with a mask left makes progress."""
+    best = torch.zeros_like(masked)
+    best.scatter_(1, confidence.argmax(dim=-1, keepdim=True), True)
+    return masked & ((confidence >= threshold) | best)
+
+
+class _FixedCountRule:
+    """LLaDA: steps_per_block steps per block, transfer_counts() commits per step, top-k by confidence."""
+
+    uses_confidence = True
+
+    def __init__(self, steps_per_block: int):
+        self.steps_per_block = steps_per_block
+        self.counts: Tensor | None = None
+
+    def begin_block(self, masked: Tensor) -> None:
+        self.counts = transfer_counts(masked.sum(dim=1), self.steps_per_block)  # [A, spb]
+
+    def more_steps(self, step: int, masked: Tensor) -> bool:
+        return step < self.steps_per_block
+
+    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise) -> Tensor:
+        return commit_top_k(confidence, self.counts[:, step])
+
+    def step_time(self, step: int) -> float | None:
+        return None
+
+
+class _ThresholdRule:
+    """Fast-dLLM: commit everything at least `threshold` confident (at least one), until the block is full."""
+
+    uses_confidence = True
+
+    def __init__(self, threshold: float):
+        self.threshold = threshold
+
+    def begin_block(self, masked: Tensor) -> None:
+        pass
+
+    def more_steps(self, step: int, masked: Tensor) -> bool:
+        return bool(masked.any())
+
+    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise) -> Tensor:
+        return commit_above_threshold(confidence, masked, self.threshold)
+
+    def step_time(self, step: int) -> float | None:
+        return None
+
+
+class _EmergeRule:
+    """MaskGRPO: each masked token appears with probability (k_t - k_s) / k_t; the last step fills all."""
+
+    uses_confidence = False
+
+    def __init__(self, steps_per_block: int, mask_fraction: Callable[[float], float]):
+        self.steps_per_block = steps_per_block
+        self.mask_fraction = mask_fraction
+
+    def begin_block(self, masked: Tensor) -> None:
+        pass
+
+    def more_steps(self, step: int, masked: Tensor) -> bool:
+        return step < self.steps_per_block
+
+    def choose(self, step: int, confidence: Tensor | None, masked: Tensor, noise: RowNoise) -> Tensor:
+        T = self.steps_per_block
+        if step == T - 1:  # k(1) is 0 only up to rounding (cos(pi/2) = 6e-17): fill explicitly
+            return masked
+        k_t, k_s = self.mask_fraction(step / T), self.mask_fraction((step + 1) / T)
+        return masked & (noise(masked.shape[1]) < (k_t - k_s) / k_t)
+
+    def step_time(self, step: int) -> float | None:
+        return 1.0 - step / self.steps_per_block
+
+
+# --------------------------------------------------------------------------------------------
+# Trajectory bookkeeping
+# --------------------------------------------------------------------------------------------
+
+
+class _ProbRecorder:
+    """Keeps the current block's per-step distributions until its final tokens are known (see module doc)."""
+
+    def __init__(self) -> None:
+        self.buffer: list[Tensor] = []  # per step of the current block: [A, W, V] float32
+        self.blocks: list[tuple[Tensor, int, int, Tensor]] = []  # (rows, start, first step, [A, n, W])
+        self.times: list[float | None] = []
+
+    def add_step(self, probs: Tensor, time: float | None) -> None:
+        self.buffer.append(probs.float())
+        self.times.append(time)
+
+    def close_block(self, rows: Tensor, start: int, first_step: int, final: Tensor) -> None:
+        if not self.buffer:
+            return
+        index = final[..., None]  # [A, W, 1]
+        gathered = torch.stack([p.gather(-1, index).squeeze(-1) for p in self.buffer], dim=1)  # [A, n, W]
+        self.blocks.append((rows, start, first_step, gathered))
+        self.buffer = []
+
+    def trajectory(self, commit_step: Tensor, num_steps: int) -> Trajectory:
+        B, L = commit_step.shape
+        probs = torch.full((B, num_steps, L), float("nan"), device=commit_step.device)  # [B, S, L]
+        for rows, start, first, gathered in self.blocks:
+            n, W = gathered.shape[1:]
+            probs[rows, first:first + n, start:start + W] = gathered
+        at_commit = probs.gather(1, commit_step.clamp(min=0)[:, None, :])  # [B, 1, L]
+        steps = torch.arange(num_steps, device=probs.device)[None, :, None]
+        after_commit = (steps > commit_step[:, None, :]) & (commit_step >= 0)[:, None, :]  # [B, S, L]
+        probs = torch.where(after_commit, at_commit, probs)
+        times = None
+        if self.times and all(t is not None for t in self.times):
+            times = torch.tensor(self.times, dtype=torch.float32)
+        return Trajectory(commit_step=commit_step, token_probs=probs, states=None, step_times=times)
+
+
+# --------------------------------------------------------------------------------------------
+# The decoding loop shared by every sampler here
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Decoded:
+    completion: Tensor  # [B, L] long
+    trajectory: Trajectory | None
+    nfe: int  # model calls (a CFG call of 2B rows counts once)
+
+
+@dataclass
+class _Settings:
+    temperature: float
+    cfg_scale: float
+    remasking: str
+    mask_id: int
+    generator: torch.Generator | None
+
+
+@torch.no_grad()
+def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule, settings: _Settings, *,
+             gen_length: int, block_length: int, eos_id: int | None, record: bool) -> _Decoded:
+    """Blocks left to right; inside a block, steps until `rule` says the block is done."""
+    B, device = prompt_ids.shape[0], prompt_ids.device
+    completion = torch.full((B, gen_length), settings.mask_id, dtype=torch.long, device=device)  # [B, L]
+    commit_step = torch.full((B, gen_length), -1, dtype=torch.long, device=device)  # [B, L]
+    running = torch.ones(B, dtype=torch.bool, device=device)
+    recorder = _ProbRecorder() if record else None
+    nfe = 0
+    for start in range(0, gen_length, block_length):
+        end = start + block_length
+        rows = running.nonzero().squeeze(1)  # [A]
+        if rows.numel() == 0:  # early exit: every row has its EOS
+            break
+        noise = RowNoise(settings.generator, B, rows, device)
+        rule.begin_block(completion[rows, start:end] == settings.mask_id)
+        first_step, step = nfe, 0
+        while rule.more_steps(step, completion[rows, start:end] == settings.mask_id):
+            window, committed = _step(model, prompt_ids, prompt_mask, completion, rows, start, end, rule, step,
+                                      settings, noise, recorder)
+            completion[rows, start:end] = window
+            commit_step[rows, start:end] = torch.where(committed, nfe, commit_step[rows, start:end])
+            nfe, step = nfe + 1, step + 1
+        if recorder is not None:
+            recorder.close_block(rows, start, first_step, completion[rows, start:end])
+        if eos_id is not None:
+            done = (completion[:, :end] == eos_id).any(dim=1)  # [B]
+            completion[done, end:] = eos_id
+            running = ~done
+    trajectory = recorder.trajectory(commit_step, nfe) if recorder is not None else None
+    return _Decoded(completion, trajectory, nfe)
+
+
+def _step(model, prompt_ids: Tensor, prompt_mask: Tensor | None, completion: Tensor, rows: Tensor, start: int,
+          end: int, rule, step: int, settings: _Settings, noise: RowNoise,
+          recorder: _ProbRecorder | None) -> tuple[Tensor, Tensor]:
+    """One model call on the running rows -> (the block's new tokens [A, W], committed this step [A, W])."""
+    s = settings
+    logits = completion_logits(model, prompt_ids[rows], None if prompt_mask is None else prompt_mask[rows],
+                               completion[rows], cfg_scale=s.cfg_scale, mask_id=s.mask_id)[:, start:end]  # [A, W, V]
+    if not 0 <= s.mask_id < logits.shape[-1]:
+        raise ValueError(f"mask_id={s.mask_id} is outside the model's vocabulary [0, {logits.shape[-1]}); "
+                         f"pass the model's mask token id (model.mask_token_id)")
+    window = completion[rows, start:end]  # [A, W]
+    masked = window == s.mask_id
+    x0 = gumbel_argmax(logits, s.temperature, noise(*logits.shape[1:]) if s.temperature > 0 else None)  # [A, W]
+    # Confidences in float64 as in the reference: float32 ties and rounding would reorder commits.
+    want_probs = recorder is not None or (rule.uses_confidence and s.remasking == "low_confidence")
+    probs = torch.softmax(logits.double(), dim=-1) if want_probs else None  # [A, W, V]
+    confidence = None
+    if rule.uses_confidence:
+        if s.remasking == "low_confidence":
+            confidence = probs.gather(-1, x0[..., None]).squeeze(-1)
+        else:
+            confidence = noise(masked.shape[1])
+        confidence = confidence.masked_fill(~masked, float("-inf"))  # committed positions never move
+    committed = rule.choose(step, confidence, masked, noise) & masked
+    if recorder is not None:
+        recorder.add_step(probs, rule.step_time(step))
+    return torch.where(committed, x0, window), committed
+
+
+# --------------------------------------------------------------------------------------------
+# Input checks (before any model call)
+# --------------------------------------------------------------------------------------------
+
+
+def _model_attr(model, name: str):
+    value = getattr(model, name, None)
+    if value is None:
+        value = getattr(getattr(model, "config", None), name, None)
+    return value
+
+
+def _check_inputs(model, prompt_ids: Tensor, attention_mask: Tensor | None, *, gen_length: int, block_length: int,
+                  temperature: float, cfg_scale: float, remasking: str, mask_id: int) -> None:
+    integer = isinstance(prompt_ids, Tensor) and prompt_ids.dtype in (torch.int64, torch.int32)
+    if not integer or prompt_ids.dim() != 2:
+        raise ValueError(f"prompt_ids must be a [B, P] integer tensor of token ids, got "
+                         f"{getattr(prompt_ids, 'dtype', type(prompt_ids))} {list(getattr(prompt_ids, 'shape', []))}")
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(prompt_ids.shape):
+        raise ValueError(f"attention_mask must have prompt_ids' shape {list(prompt_ids.shape)} (1 = real token, "
+                         f"0 = left padding), got {list(attention_mask.shape)}")
+    for name, value in (("gen_length", gen_length), ("block_length", block_length)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if gen_length % block_length:
+        raise ValueError(f"gen_length={gen_length} is not divisible by block_length={block_length}; "
+                         f"pick a block_length that divides gen_length")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if cfg_scale < 0:
+        raise ValueError(f"cfg_scale must be >= 0 (0 = no guidance), got {cfg_scale}")
+    if remasking not in REMASKING:
+        raise ValueError(f"remasking={remasking!r} is not valid; choose one of: {', '.join(REMASKING)}")
+    vocab_size = _model_attr(model, "vocab_size")
+    if not isinstance(mask_id, int) or mask_id < 0 or (vocab_size is not None and mask_id >= vocab_size):
+        raise ValueError(f"mask_id={mask_id!r} is outside the model's vocabulary [0, {vocab_size or 'V'}); "
+                         f"pass the model's mask token id (model.mask_token_id)")
+    max_len = _model_attr(model, "max_seq_len")
+    if max_len is not None and prompt_ids.shape[1] + gen_length > max_len:
+        raise ValueError(f"prompt length {prompt_ids.shape[1]} + gen_length={gen_length} exceeds the model's "
+                         f"max_seq_len={max_len}; shorten the prompt or lower gen_length")
+    if getattr(model, "logits_shifted", False) and prompt_ids.shape[1] == 0:
+        raise ValueError("a model with shifted logits (Dream) needs at least one prompt token; pass a non-empty prompt")
+
+
+def _check_steps(steps: int, gen_length: int, block_length: int) -> int:
+    """-> steps per block."""
+    num_blocks = gen_length // block_length
+    if not isinstance(steps, int) or steps <= 0:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if steps % num_blocks:
+        raise ValueError(f"steps={steps} is not divisible by the number of blocks (gen_length/block_length = "
+                         f"{num_blocks}); use a multiple of {num_blocks}")
+    return steps // num_blocks
+
+
+def _check_generator(generator: torch.Generator | None, needs_noise: bool, why: str) -> None:
+    if needs_noise and generator is None:
+        raise ValueError(f"generator is required when {why} (ddrl never uses the global RNG); "
+                         f"pass generator=torch.Generator(device).manual_seed(seed)")
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+def generate(model, prompt_ids: Tensor, attention_mask: Tensor | None = None, *, steps: int, gen_length: int,
+             block_length: int, temperature: float = 0.0, cfg_scale: float = 0.0, remasking: str = "low_confidence",
+             mask_id: int, threshold: float | None = None, generator: torch.Generator | None = None,
+             return_trajectory: bool = False) -> Tensor | tuple[Tensor, Trajectory]:
+    """LLaDA's semi-autoregressive sampler (module doc), batched.
+
+    prompt_ids      [B, P] long, left-padded; attention_mask [B, P] (1 = real token) or None (none is
+                    passed to the model). The model receives [B, P + gen_length] with ones on the completion.
+    steps           model calls in total, steps // (gen_length / block_length) per block; ignored when
+                    threshold is set (each block then runs until it is full, at most block_length calls).
+    threshold       None: LLaDA's fixed counts. In [0, 1]: Fast-dLLM threshold decoding.
+    generator       required when temperature > 0 or remasking == "random".
+    Returns the full sequence [B, P + gen_length] (prompt + completion), and the Trajectory when
+    return_trajectory=True. Never early-exits.
+    """
+    _check_inputs(model, prompt_ids, attention_mask, gen_length=gen_length, block_length=block_length,
+                  temperature=temperature, cfg_scale=cfg_scale, remasking=remasking, mask_id=mask_id)
+    if threshold is None:
+        rule = _FixedCountRule(_check_steps(steps, gen_length, block_length))
+    elif 0.0 <= threshold <= 1.0:
+        rule = _ThresholdRule(float(threshold))
+    else:
+        raise ValueError(f"threshold must be in [0, 1] (0.9 is typical) or None for fixed counts, got {threshold}")
+    _check_generator(generator, temperature > 0 or remasking == "random", "temperature > 0 or remasking='random'")
+    mask = None if attention_mask is None else attention_mask.bool()
+    out = _denoise(model, prompt_ids, mask, rule,
+                   _Settings(float(temperature), float(cfg_scale), remasking, mask_id, generator),
+                   gen_length=gen_length, block_length=block_length, eos_id=None, record=return_trajectory)
+    sequence = torch.cat([prompt_ids, out.completion.to(prompt_ids.dtype)], dim=1)  # [B, P + L]
+    return (sequence, out.trajectory) if return_trajectory else sequence
+
+
+def _model_mask_id(model) -> int:
+    mask_id = getattr(model, "mask_token_id", None)
+    if mask_id is None:
+        raise ValueError("model.mask_token_id is None; masked-diffusion samplers need the model's mask token "
+                         "(set mask_token_id in the model config)")
+    return int(mask_id)
+
+
+def _check_sampler_config(cfg: SamplerConfig, prefix: str) -> None:
+    if cfg.cache != "none":
+        raise ValueError(f"{prefix}.cache={cfg.cache!r}: the block KV cache is not implemented by the {cfg.name!r} "
+                         f"sampler yet; set {prefix}.cache=none")
+
+
+def _sample_semi_ar(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, block_length: int,
+                    generator: torch.Generator | None, return_trajectory: bool) -> SampleOutput:
+    """The masked and block samplers: generate() with the config's fields, plus early exit."""
+    _check_sampler_config(cfg, "rollout")
+    mask_id = _model_mask_id(model)
+    _check_inputs(model, prompt_ids, prompt_mask, gen_length=cfg.gen_length, block_length=block_length,
+                  temperature=cfg.temperature, cfg_scale=cfg.cfg_scale, remasking=cfg.remasking, mask_id=mask_id)
+    if cfg.threshold is None:
+        rule = _FixedCountRule(_check_steps(cfg.steps, cfg.gen_length, block_length))
+    else:
+        rule = _ThresholdRule(float(cfg.threshold))
+    _check_generator(generator, cfg.temperature > 0 or cfg.remasking == "random",
+                     "rollout.temperature > 0 or rollout.remasking=random")
+    eos_id = getattr(model, "eos_token_id", None) if cfg.early_exit else None
+    out = _denoise(model, prompt_ids, None if prompt_mask is None else prompt_mask.bool(), rule,
+                   _Settings(cfg.temperature, cfg.cfg_scale, cfg.remasking, mask_id, generator),
+                   gen_length=cfg.gen_length, block_length=block_length, eos_id=eos_id, record=return_trajectory)
+    return SampleOutput(completion_ids=out.completion, trajectory=out.trajectory, nfe=out.nfe)
+
+
+@SAMPLERS.register("masked")
+def sample_masked(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, *,
+                  generator: torch.Generator | None, return_trajectory: bool = False) -> SampleOutput:
+    """LLaDA semi-AR sampling (threshold decoding when cfg.threshold is set), completion only [B, L].
+
+    block_length None = gen_length (one block); mask id = model.mask_token_id; early exit on
+    model.eos_token_id when cfg.early_exit.
+    """
+    block_length = cfg.block_length or cfg.gen_length
+    return _sample_semi_ar(model, prompt_ids, prompt_mask, cfg, block_length, generator, return_trajectory)
+
+
+@SAMPLERS.register("block")
+def sample_block(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, *,
+                 generator: torch.Generator | None, return_trajectory: bool = False) -> SampleOutput:
+    """Block diffusion (SDAR style): the masked sampler with block_length = model.block_size."""
+    block_size = getattr(model, "block_size", None)
+    if block_size is None:
+        raise ValueError("the 'block' sampler needs a block-causal model, but model.block_size is None; "
+                         "build the model with model.block_size set, or use rollout.name=masked for "
+                         "full-attention models")
+    if cfg.block_length is not None and cfg.block_length != block_size:
+        raise ValueError(f"rollout.block_length={cfg.block_length} differs from model.block_size={block_size}; "
+                         f"leave rollout.block_length unset for the block sampler")
+    return _sample_semi_ar(model, prompt_ids, prompt_mask, cfg, int(block_size), generator, return_trajectory)
+
+
+def emerge_mask_fraction(model) -> Callable[[float], float]:
+    """k(tau) for the emerge sampler: cosine when the model's process schedule is cosine, else linear."""
+    schedule = getattr(getattr(model, "process", None), "schedule", None)
+    name = schedule if isinstance(schedule, str) else getattr(schedule, "name", None)
+    return EMERGE_SCHEDULES[EMERGE_SCHEDULE_FOR_PROCESS.get(name, "linear")]
+
+
+@SAMPLERS.register("emerge")
+def sample_emerge(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, *,
+                  generator: torch.Generator | None, return_trajectory: bool = False) -> SampleOutput:
+    """MaskGRPO's ancestral "emerge" sampler (module doc), completion only [B, L].
+
+    cfg.steps model calls, split evenly over blocks of cfg.block_length (None = one block, as in
+    MaskGRPO); cfg.cfg_scale w gives (1 + w) cond - w uncond; cfg.remasking is not used.
+    """
+    _check_sampler_config(cfg, "rollout")
+    if cfg.threshold is not None:
+        raise ValueError("rollout.threshold applies to the masked and block samplers; the emerge sampler unmasks "
+                         "at random by its schedule, so unset rollout.threshold")
+    mask_id = _model_mask_id(model)
+    block_length = cfg.block_length or cfg.gen_length
+    _check_inputs(model, prompt_ids, prompt_mask, gen_length=cfg.gen_length, block_length=block_length,
+                  temperature=cfg.temperature, cfg_scale=cfg.cfg_scale, remasking="low_confidence", mask_id=mask_id)
+    steps_per_block = _check_steps(cfg.steps, cfg.gen_length, block_length)
+    _check_generator(generator, cfg.temperature > 0 or steps_per_block > 1,
+                     "the emerge sampler draws which tokens appear (steps per block > 1) or rollout.temperature > 0")
+    eos_id = getattr(model, "eos_token_id", None) if cfg.early_exit else None
+    rule = _EmergeRule(steps_per_block, emerge_mask_fraction(model))
+    out = _denoise(model, prompt_ids, None if prompt_mask is None else prompt_mask.bool(), rule,
+                   _Settings(cfg.temperature, cfg.cfg_scale, "low_confidence", mask_id, generator),
+                   gen_length=cfg.gen_length, block_length=block_length, eos_id=eos_id, record=return_trajectory)
+    return SampleOutput(completion_ids=out.completion, trajectory=out.trajectory, nfe=out.nfe)
