@@ -1,0 +1,34 @@
+"""Forward (noising) processes: masked, uniform and block diffusion, and their noise schedules.
+
+Importing this package registers the processes in ddrl.registry.PROCESSES under the names
+"masked", "uniform" and "block".
+"""
+
+from ddrl.processes.base import ForwardProcess
+from ddrl.processes.block import (
+    BlockMaskedProcess,
+    blockwise_elbo,
+    staircase_elbo,
+    staircase_inputs,
+    staircase_mask,
+)
+from ddrl.processes.draws import sample_categorical
+from ddrl.processes.masked import MaskedProcess
+from ddrl.processes.schedules import CosineSchedule, LinearSchedule, Schedule, get_schedule
+from ddrl.processes.uniform import UniformProcess
+
+__all__ = [
+    "BlockMaskedProcess",
+    "CosineSchedule",
+    "ForwardProcess",
+    "LinearSchedule",
+    "MaskedProcess",
+    "Schedule",
+    "UniformProcess",
+    "blockwise_elbo",
+    "get_schedule",
+    "sample_categorical",
+    "staircase_elbo",
+    "staircase_inputs",
+    "staircase_mask",
+]

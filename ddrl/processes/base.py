@@ -1,0 +1,88 @@
+"""What every forward (noising) process shares: a schedule, time sampling, input checks.
+
+Masked, uniform and block diffusion are implementations of one small interface (the shape of
+SEDD's `Graph` with its `Absorbing` and `Uniform` subclasses):
+
+    t = process.sample_t(B, generator=g, device=d)                  # [B]
+    xt, noised = process.noise(x0, t, generator=g, eligible=e)     # [B, L], [B, L] bool
+    nelbo = process.nelbo(logits, x0, noised, t, xt=xt)            # [B]
+    loss, stats = process.pretrain_loss(model, x0, eligible, attention_mask, generator=g)
+
+Times: t = 0 is clean, t = 1 is noise. `sample_t` draws t ~ U[eps, 1]: the NELBO weight blows up
+as t -> 0 (1/t for the linear masked schedule), so like MDLM we truncate at eps; the estimate is then
+of the NELBO with t restricted to [eps, 1] (normalised by 1/(1-eps)), which differs from the full one
+by O(eps).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ddrl.processes.draws import uniform_draw
+from ddrl.processes.schedules import Schedule, get_schedule
+
+
+class ForwardProcess:
+    name: str = ""
+
+    def __init__(self, schedule: str | Schedule = "linear"):
+        self.schedule = get_schedule(schedule)
+
+    def alpha(self, t: Tensor) -> Tensor:
+        return self.schedule.alpha(t)
+
+    def sample_t(self, batch_size: int, *, generator: torch.Generator, device: torch.device | str | None = None,
+                 eps: float = 1e-3, stratified: bool = False) -> Tensor:
+        """t ~ U[eps, 1], shape [batch_size].
+
+        stratified=True is MDLM's low-discrepancy sampler: row i gets (u + i/B) mod 1, so one batch
+        covers [0, 1) evenly (same marginal, lower variance of the batch mean).
+        """
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if not 0.0 <= eps < 1.0:
+            raise ValueError(f"eps must be in [0, 1), got {eps}; it is the smallest time drawn (1e-3 is usual)")
+        if stratified:
+            u = uniform_draw((1,), generator=generator, device=device)
+            u = (u + torch.arange(batch_size, device=u.device, dtype=u.dtype) / batch_size) % 1.0
+        else:
+            u = uniform_draw((batch_size,), generator=generator, device=device)
+        return eps + (1.0 - eps) * u
+
+    def token_times(self, t: Tensor, shape: torch.Size | tuple[int, int]) -> Tensor:
+        """Per-token times [B, L] from t [B] (one time per sequence) or [B, L] (already per token)."""
+        B, L = shape
+        if t.dim() == 1 and t.shape[0] == B:
+            return t[:, None].expand(B, L)
+        if t.dim() == 2 and tuple(t.shape) == (B, L):
+            return t
+        raise ValueError(f"t must have shape [B]=[{B}] or [B, L]=[{B}, {L}], got {list(t.shape)}")
+
+
+def check_tokens(x0: Tensor, name: str = "x0") -> None:
+    if x0.dim() != 2 or x0.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name} must be a [B, L] integer tensor of token ids, got {x0.dtype} {list(x0.shape)}")
+
+
+def check_eligible(eligible: Tensor | None, x0: Tensor) -> Tensor:
+    """The [B, L] bool mask of positions the process may noise (all positions when None)."""
+    if eligible is None:
+        return torch.ones_like(x0, dtype=torch.bool)
+    if tuple(eligible.shape) != tuple(x0.shape):
+        raise ValueError(f"eligible must have the shape of x0 {list(x0.shape)}, got {list(eligible.shape)}")
+    return eligible.to(device=x0.device, dtype=torch.bool)
+
+
+def check_logits(logits: Tensor, x0: Tensor, noised: Tensor) -> None:
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(x0.shape):
+        raise ValueError(f"logits must be [B, L, V] with [B, L] = x0's shape {list(x0.shape)}, got {list(logits.shape)}")
+    if tuple(noised.shape) != tuple(x0.shape):
+        raise ValueError(f"noised must have the shape of x0 {list(x0.shape)}, got {list(noised.shape)}")
+
+
+def log_probs(logits: Tensor) -> Tensor:
+    """log_softmax over the last axis, in float32 when the logits are half precision (bf16 CE is too coarse)."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    return torch.log_softmax(logits, dim=-1)
