@@ -1,0 +1,174 @@
+"""Rewards computed by neural networks: a batched interface and two adapters.
+
+`ModelReward` is an nn.Module whose forward is the reward contract,
+`reward(completions, **columns) -> list[float | None]`: it scores completions in batches of
+`batch_size` under torch.no_grad in eval mode (the module's train/eval state is restored after),
+on the device of its parameters. A batch that fails is retried one completion at a time, and a
+completion that still fails scores `on_error` (0.0), so a reward model never crashes a step.
+
+Adapters:
+- `HFSequenceClassifierReward`: a Hugging Face sequence-classification reward model (one logit:
+  the score; several: the probability of `label`), fed prompt + completion as a text pair.
+- `ClipStyleImageReward`: cosine similarity between an image embedding of the completion and a
+  text embedding of a column (the prompt), as CLIP-score rewards do for text-to-image RL.
+
+Only ddrl/models/hf.py imports transformers at module level; the HF adapter imports it lazily, and
+only when it is given a directory/hub name rather than built objects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from ddrl.rewards.composite import column_value
+
+
+class ModelReward(nn.Module):
+    """Base class: subclasses implement `score_batch(completions, columns) -> [b] scores`."""
+
+    def __init__(self, batch_size: int = 32, on_error: float | None = 0.0):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        self.on_error = on_error
+
+    @property
+    def device(self) -> torch.device:
+        p = next(self.parameters(), None)
+        return p.device if p is not None else torch.device("cpu")
+
+    def score_batch(self, completions: list[str], columns: dict[str, list[Any]]) -> Tensor | list[float | None]:
+        raise NotImplementedError
+
+    def _score(self, completions: list[str], columns: dict[str, list[Any]]) -> list[float | None]:
+        scores = self.score_batch(completions, columns)
+        if isinstance(scores, Tensor):
+            scores = scores.detach().float().cpu().reshape(-1).tolist()
+        scores = list(scores)
+        if len(scores) != len(completions):
+            raise ValueError(f"score_batch returned {len(scores)} scores for {len(completions)} completions")
+        return [None if s is None else float(s) for s in scores]
+
+    def forward(self, completions: list[str], **columns: Any) -> list[float | None]:
+        was_training = self.training
+        self.eval()
+        out: list[float | None] = []
+        try:
+            with torch.no_grad():
+                for lo in range(0, len(completions), self.batch_size):
+                    rows = range(lo, min(lo + self.batch_size, len(completions)))
+                    batch = [completions[i] for i in rows]
+                    cols = {k: [column_value(v, i) for i in rows] for k, v in columns.items()}
+                    try:
+                        out.extend(self._score(batch, cols))
+                    except Exception:  # noqa: BLE001 - isolate the completion that breaks the batch
+                        for j, i in enumerate(rows):
+                            try:
+                                out.extend(self._score([batch[j]], {k: [v[j]] for k, v in cols.items()}))
+                            except Exception:  # noqa: BLE001
+                                out.append(self.on_error)
+        finally:
+            self.train(was_training)
+        return out
+
+
+class HFSequenceClassifierReward(ModelReward):
+    """A Hugging Face sequence-classification reward model.
+
+    model: a local directory / hub name (loaded with transformers' Auto classes) or a built
+    model, with `tokenizer` then required. With one output logit the reward is that logit; with
+    several, the softmax probability of `label` (default: the last class, "positive" by convention).
+    When the columns hold `prompt_column` (default "prompt"), prompt and completion are encoded as
+    a text pair, as reward models are trained; `use_prompt=False` scores the completion alone.
+    """
+
+    def __init__(self, model: str | Path | nn.Module, tokenizer: Any = None, *, batch_size: int = 16,
+                 max_length: int = 512, label: int | None = None, use_prompt: bool = True,
+                 prompt_column: str = "prompt", on_error: float | None = 0.0, **from_pretrained: Any):
+        super().__init__(batch_size=batch_size, on_error=on_error)
+        if isinstance(model, (str, Path)):
+            # Lazy import: ddrl's rule is that only ddrl/models/hf.py imports transformers at module level.
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model))
+            model = AutoModelForSequenceClassification.from_pretrained(str(model), **from_pretrained)
+        if tokenizer is None:
+            raise ValueError("HFSequenceClassifierReward(model=<module>) needs tokenizer=")
+        if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
+            tokenizer.pad_token = tokenizer.eos_token  # decoder reward models often ship without a pad token
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.label = label
+        self.use_prompt = use_prompt
+        self.prompt_column = prompt_column
+
+    def score_batch(self, completions: list[str], columns: dict[str, list[Any]]) -> Tensor:
+        prompts = columns.get(self.prompt_column) if self.use_prompt else None
+        if prompts is not None and all(isinstance(p, str) for p in prompts):
+            enc = self.tokenizer(prompts, completions, truncation=True, max_length=self.max_length,
+                                 padding=True, return_tensors="pt")
+        else:
+            enc = self.tokenizer(completions, truncation=True, max_length=self.max_length,
+                                 padding=True, return_tensors="pt")
+        enc = {k: v.to(self.device) for k, v in enc.items()}
+        logits = self.model(**enc).logits.float()  # [b, C]
+        if logits.shape[-1] == 1:
+            return logits[:, 0]
+        label = logits.shape[-1] - 1 if self.label is None else self.label
+        return logits.softmax(-1)[:, label]
+
+
+def _default_decode_image(text: str) -> Tensor | None:
+    from ddrl.rewards.image import N_LEVELS, decode_image
+
+    levels = decode_image(text)
+    return None if levels is None else torch.tensor(levels, dtype=torch.float32).view(8, 8) / (N_LEVELS - 1)
+
+
+class ClipStyleImageReward(ModelReward):
+    """cos(image_encoder(image), text_encoder(text)) in [-1, 1].
+
+    image_encoder: images [b, ...] float -> embeddings [b, D].
+    text_encoder:  whatever `tokenize_text(texts)` returns (default: the list of strings) -> [b, D].
+    decode_image:  completion -> image tensor, or None when malformed (scored `on_error`);
+                   default: the digits task's 64 gray symbols -> [8, 8] in [0, 1].
+    text_column:   the column whose text the image should match (default "prompt").
+    """
+
+    def __init__(self, image_encoder: nn.Module, text_encoder: nn.Module, *,
+                 decode_image: Callable[[str], Tensor | None] = _default_decode_image,
+                 tokenize_text: Callable[[list[str]], Any] | None = None, text_column: str = "prompt",
+                 batch_size: int = 64, on_error: float | None = 0.0):
+        super().__init__(batch_size=batch_size, on_error=on_error)
+        self.image_encoder = image_encoder
+        self.text_encoder = text_encoder
+        self.decode_image = decode_image
+        self.tokenize_text = tokenize_text
+        self.text_column = text_column
+
+    def score_batch(self, completions: list[str], columns: dict[str, list[Any]]) -> list[float | None]:
+        texts = columns.get(self.text_column)
+        if texts is None:
+            raise ValueError(f"ClipStyleImageReward needs the {self.text_column!r} column")
+        images = [self.decode_image(c) for c in completions]
+        valid = [i for i, im in enumerate(images) if im is not None]
+        out: list[float | None] = [self.on_error] * len(completions)
+        if not valid:
+            return out
+        pixels = torch.stack([images[i] for i in valid]).to(self.device)  # [v, ...]
+        words = [str(texts[i]) for i in valid]
+        text_in = self.tokenize_text(words) if self.tokenize_text is not None else words
+        if isinstance(text_in, Tensor):
+            text_in = text_in.to(self.device)
+        img = self.image_encoder(pixels)  # [v, D]
+        txt = self.text_encoder(text_in)  # [v, D]
+        sims = torch.nn.functional.cosine_similarity(img.float(), txt.float(), dim=-1)  # [v]
+        for i, s in zip(valid, sims.tolist()):
+            out[i] = s
+        return out

@@ -1,0 +1,168 @@
+"""Sudoku tasks: "mini_sudoku" (4x4) and "sudoku" (9x9) from reasoning-gym's generators.
+
+reasoning-gym removes cells from a random solved grid while the puzzle keeps a unique solution
+(`min_empty`..`max_empty` blanks; a 4x4 puzzle may end with fewer blanks than asked when removing
+more would break uniqueness). Only 288 solved 4x4 grids exist, so with `holdout="solution"` the
+test split is made of grids that no train puzzle has (hash of the solution); the default
+`holdout="puzzle"` only keeps the puzzles themselves apart (see ddrl/tasks/__init__.py).
+
+Formats:
+- compact (built-in tiny models): prompt = the grid row-major, one char per cell, "." for a blank,
+  no separators ("1.3.2..4..." 16 or 81 chars); completion = the solved grid, 16 or 81 digits.
+- chat (HF models): an instruction with the grid; the solved grid goes inside <answer>...</answer>.
+
+Reward: "exact" = 1.0 for any valid completed grid that keeps every given (not only the
+generator's solution); "partial" = fraction of blank cells equal to the solution, 0.0 if a given is
+contradicted, 1.0 for a valid grid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddrl.registry import TASKS
+from ddrl.rewards.composite import per_completion
+from ddrl.rewards.format import extract_answer
+from ddrl.tasks import ReasoningGymTask, check_format
+
+BLANK = "."
+_GRID_CHARS = set("0123456789._")
+
+
+def box_shape(size: int) -> tuple[int, int]:
+    side = int(round(size**0.5))
+    if side * side != size:
+        raise ValueError(f"sudoku size must be a perfect square (4, 9), got {size}")
+    return side, side
+
+
+def is_valid_solution(grid: str, size: int) -> bool:
+    """Every row, column and box of the row-major grid holds 1..size exactly once."""
+    if len(grid) != size * size:
+        return False
+    digits = set("123456789"[:size])
+    rows = [grid[r * size:(r + 1) * size] for r in range(size)]
+    cols = ["".join(row[c] for row in rows) for c in range(size)]
+    bh, bw = box_shape(size)
+    boxes = ["".join(rows[r][c] for r in range(br, br + bh) for c in range(bc, bc + bw))
+             for br in range(0, size, bh) for bc in range(0, size, bw)]
+    return all(set(unit) == digits and len(unit) == size for unit in rows + cols + boxes)
+
+
+def parse_grid(text: str, size: int, chat: bool) -> str | None:
+    """The completion's grid as a row-major string of size*size chars, or None if malformed.
+
+    compact: the completion itself (whitespace ignored) must be exactly the grid.
+    chat: the grid is read from <answer>...</answer>, keeping digits and blanks and ignoring the
+    separators a model may write (spaces, newlines, commas, bars).
+    """
+    if chat:
+        content = extract_answer(text)
+        if content is None:
+            return None
+        cells = "".join(ch for ch in content if ch in _GRID_CHARS)
+    else:
+        cells = "".join(text.split())
+    return cells if len(cells) == size * size else None
+
+
+def sudoku_score(completion: str, puzzle: str, solution: str, size: int, partial: bool, chat: bool) -> float:
+    grid = parse_grid(completion, size, chat)
+    if grid is None:
+        return 0.0
+    if any(p != BLANK and g != p for p, g in zip(puzzle, grid)):
+        return 0.0  # a given is contradicted
+    if is_valid_solution(grid, size):
+        return 1.0
+    if not partial:
+        return 0.0
+    blanks = [i for i, p in enumerate(puzzle) if p == BLANK]
+    return sum(grid[i] == solution[i] for i in blanks) / len(blanks) if blanks else 0.0
+
+
+def _grid_string(board: list[list[int]]) -> str:
+    return "".join(str(v) if v else BLANK for row in board for v in row)
+
+
+@TASKS.register("sudoku")
+class SudokuTask(ReasoningGymTask):
+    """9x9 Sudoku. Args: min_empty/max_empty (blank cells), reward ("exact"|"partial"),
+    holdout ("puzzle"|"solution": what the test split keeps apart from train), format."""
+
+    name = "sudoku"
+    dataset_name = "sudoku"
+    size = 9
+    default_empty = (30, 50)
+    max_empty_limit = 64  # reasoning-gym's bound (17 clues are needed for a unique 9x9 solution)
+    test_fraction = 0.2  # 9x9 generation is slow (~40 ms): keep the test split's rejection cost low
+    chat_gen_length = 512
+
+    def __init__(self, min_empty: int | None = None, max_empty: int | None = None, reward: str = "exact",
+                 holdout: str = "puzzle", format: str = "compact"):
+        super().__init__()
+        self.format = check_format(self.name, format, ("compact", "chat"))
+        lo, hi = self.default_empty
+        self.min_empty = lo if min_empty is None else int(min_empty)
+        self.max_empty = max(hi, self.min_empty) if max_empty is None else int(max_empty)
+        if not 0 <= self.min_empty <= self.max_empty <= self.max_empty_limit:
+            raise ValueError(f"{self.name}: need 0 <= min_empty <= max_empty <= {self.max_empty_limit}, "
+                             f"got min_empty={self.min_empty}, max_empty={self.max_empty}")
+        if reward not in ("exact", "partial"):
+            raise ValueError(f"{self.name}: reward must be 'exact' or 'partial', got {reward!r}")
+        if holdout not in ("puzzle", "solution"):
+            raise ValueError(f"{self.name}: holdout must be 'puzzle' or 'solution', got {holdout!r}")
+        self.reward_kind = reward
+        self.holdout = holdout
+        self.gen_length = self.size * self.size if self.format == "compact" else self.chat_gen_length
+
+    def _rg_config(self) -> dict[str, Any]:
+        return {"min_empty": self.min_empty, "max_empty": self.max_empty}
+
+    def _example(self, item: dict[str, Any]) -> dict[str, Any]:
+        meta = item["metadata"]
+        puzzle, solution = _grid_string(meta["puzzle"]), _grid_string(meta["solution"])
+        return {"prompt": self._prompt(puzzle), "puzzle": puzzle, "solution": solution}
+
+    def _split_key(self, example: dict[str, Any]) -> str:
+        return example[self.holdout]
+
+    def _prompt(self, puzzle: str) -> str:
+        if self.format == "compact":
+            return puzzle
+        n = self.size
+        rows = "\n".join(" ".join(puzzle[r * n:(r + 1) * n]) for r in range(n))
+        bh, bw = box_shape(n)
+        return (f"Solve this {n}x{n} Sudoku puzzle. Fill every '.' so that each row, each column and each "
+                f"{bh}x{bw} box contains the digits 1-{n} exactly once; do not change the given digits.\n\n"
+                f"{rows}\n\nThink in <reasoning>...</reasoning>, then write the completed grid inside "
+                f"<answer>...</answer>, one row per line with the digits separated by spaces.")
+
+    def reward(self, completions: list[str], **columns: Any) -> list[float | None]:
+        size, partial, chat = self.size, self.reward_kind == "partial", self.format == "chat"
+
+        @per_completion
+        def score(completion: str, puzzle: str, solution: str, **_: Any) -> float:
+            return sudoku_score(completion, puzzle, solution, size, partial, chat)
+
+        return score(completions, **columns)
+
+    def symbols(self) -> list[str]:
+        return [str(d) for d in range(1, self.size + 1)] + [BLANK]
+
+    def pretrain_pairs(self, n: int, seed: int = 0) -> list[dict[str, str]]:
+        if self.format != "compact":
+            raise NotImplementedError(f"{self.name}: gold completions exist only in the compact format")
+        return [{"prompt": ex["prompt"], "completion": ex["solution"]} for ex in self.train_examples(n, seed)]
+
+
+@TASKS.register("mini_sudoku")
+class MiniSudokuTask(SudokuTask):
+    """4x4 Sudoku (reasoning-gym mini_sudoku). Same arguments as SudokuTask."""
+
+    name = "mini_sudoku"
+    dataset_name = "mini_sudoku"
+    size = 4
+    default_empty = (8, 12)
+    max_empty_limit = 12  # more blanks cannot keep a unique 4x4 solution
+    test_fraction = 0.1
+    chat_gen_length = 256
