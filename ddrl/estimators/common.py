@@ -1,0 +1,155 @@
+"""Pieces every likelihood estimator shares: seeded noise, batched noised forward passes, log-probs.
+
+Randomness. An estimator derives all of its noise from the integer `seed` it is called with,
+through a CPU `torch.Generator` (`generator_from_seed`); draws happen on the CPU and are then moved
+to the batch's device. So the old, reference and current passes of one inner iteration, called
+with the same seed on the same rows, see exactly the same masks whatever device the model is on,
+and the global RNG is never touched. The draws depend on the seed *and on the rows' shapes*: the
+same seed on a different micro-batch split gives different masks, so callers must compute old, ref
+and current log-probs with the same split (the trainer does).
+
+Batching. Estimators that need several noised copies of the batch stack them along the batch axis
+([C, B, L] -> [C*B, L]) and run ONE forward call (`rows_per_call` splits it when memory is short;
+the number of passes an estimator reports counts copies, not calls).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ddrl.types import RolloutBatch
+
+
+def generator_from_seed(seed: int | Tensor) -> torch.Generator:
+    """A fresh CPU generator seeded with `seed` (an int or a 0-d tensor such as batch.mask_seeds[k])."""
+    return torch.Generator(device="cpu").manual_seed(int(seed))
+
+
+def uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.device | str) -> Tensor:
+    """U[0, 1) of `shape`, drawn on the CPU from `generator`, returned on `device`."""
+    return torch.rand(shape, generator=generator).to(device)
+
+
+def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
+    """log softmax(logits)[target] per position: [N, L, V], [N, L] -> [N, L] float32.
+
+    Cross-entropy in float32: bf16 log-softmax over a 126k vocabulary is too coarse for ratios.
+    """
+    N, L, V = logits.shape
+    ce = F.cross_entropy(logits.reshape(N * L, V).float(), targets.reshape(N * L), reduction="none")
+    return -ce.view(N, L)
+
+
+def forward_logprobs(model, prompt_in: Tensor, prompt_mask: Tensor, completion_in: Tensor, targets: Tensor, *,
+                     class_range: tuple[int, int] | None = None, rows_per_call: int | None = None) -> Tensor:
+    """log p_theta(targets^i | prompt_in, completion_in) at every completion position: [N, L].
+
+    prompt_in [N, P] (possibly noised), prompt_mask [N, P] bool (True on real prompt tokens),
+    completion_in [N, L] (noised completion), targets [N, L] (clean tokens to score).
+    class_range=(a, b) restricts the softmax to vocabulary ids [a, b) (uniform diffusion classes);
+    targets are then ids in [a, b).
+    """
+    N, P = prompt_in.shape
+    L = completion_in.shape[1]
+    ids = torch.cat([prompt_in, completion_in], dim=1)  # [N, T]
+    attention = torch.cat([prompt_mask.bool(), torch.ones(N, L, dtype=torch.bool, device=ids.device)], dim=1)
+    step = N if not rows_per_call else max(1, int(rows_per_call))
+    out = []
+    for start in range(0, N, step):
+        rows = slice(start, start + step)
+        logits = model(ids[rows], attention_mask=attention[rows]).logits[:, P:]  # [n, L, V]
+        tgt = targets[rows]
+        if class_range is not None:
+            logits = logits[..., class_range[0]:class_range[1]]
+            tgt = tgt - class_range[0]
+        out.append(token_logprobs(logits, tgt))
+    return torch.cat(out, dim=0)
+
+
+def noised_forward(model, batch: RolloutBatch, prompt_noise_mask: Tensor | None, completion_noise_mask: Tensor, *,
+                   rows_per_call: int | None = None) -> Tensor:
+    """Token log-probs of the clean completion under masked copies of the batch.
+
+    completion_noise_mask: [B, L] or [C, B, L] bool, True = replaced by the mask token.
+    prompt_noise_mask:     None (prompt clean), [B, P] or [C, B, P] bool.
+    Returns [B, L] or [C, B, L] float32: log p_theta(x^i | noised prompt, noised completion) at
+    every completion position (the caller keeps the positions it scores). The C copies go through
+    the model as one batch of C*B rows.
+    """
+    single = completion_noise_mask.dim() == 2
+    cmask = completion_noise_mask[None] if single else completion_noise_mask  # [C, B, L]
+    C, B, L = cmask.shape
+    P = batch.prompt_ids.shape[1]
+    mask_id = model.mask_token_id
+    if prompt_noise_mask is None:
+        prompt_in = batch.prompt_ids[None].expand(C, B, P)
+    else:
+        pmask = prompt_noise_mask[None] if prompt_noise_mask.dim() == 2 else prompt_noise_mask
+        prompt_in = torch.where(pmask.expand(C, B, P), mask_id, batch.prompt_ids[None])
+    completion_in = torch.where(cmask, mask_id, batch.completion_ids[None])  # [C, B, L]
+    lp = forward_logprobs(
+        model,
+        prompt_in.reshape(C * B, P),
+        batch.prompt_mask.repeat(C, 1),
+        completion_in.reshape(C * B, L),
+        batch.completion_ids.repeat(C, 1),
+        rows_per_call=rows_per_call,
+    ).view(C, B, L)
+    return lp[0] if single else lp
+
+
+def prompt_noise(batch: RolloutBatch, p: float, generator: torch.Generator, copies: int | None = None) -> Tensor | None:
+    """Mask each real prompt token independently with probability p (d1's augmentation).
+
+    Returns [B, P] (or [copies, B, P]) bool, or None when p == 0 (nothing drawn).
+    """
+    if p <= 0.0:
+        return None
+    shape = tuple(batch.prompt_ids.shape) if copies is None else (copies, *batch.prompt_ids.shape)
+    return (uniform(shape, generator, batch.prompt_ids.device) < p) & batch.prompt_mask.bool()
+
+
+def random_subset_mask(counts: Tensor, eligible: Tensor, generator: torch.Generator) -> Tensor:
+    """A uniformly random subset of counts[...] positions among the eligible ones, per row.
+
+    counts [..., B] long, eligible [..., B, L] bool -> [..., B, L] bool with exactly
+    min(counts, #eligible) True entries, each such subset equally likely.
+    """
+    keys = uniform(tuple(eligible.shape), generator, eligible.device)
+    keys = keys.masked_fill(~eligible, 2.0)  # ineligible positions sort last
+    rank = keys.argsort(dim=-1).argsort(dim=-1)  # [..., B, L] rank of each position in a random order
+    return (rank < counts[..., None]) & eligible
+
+
+def stratified_counts(lengths: Tensor, generator: torch.Generator) -> Tensor:
+    """Masked-token counts n_j in {0..len_j}, marginally uniform, evenly spread over the batch.
+
+    ESPO (Ou et al. 2025, `_get_elbo`) draws k ~ U{0..L} and uses n_j = round(k + j(L+1)/B) mod (L+1).
+    We use the continuous form n_j = floor(((u + j/B) mod 1) * (len_j + 1)), u ~ U[0, 1): the same
+    stratification for equal lengths, exactly uniform marginals (torch.round's half-to-even ties
+    would skew them) and it also works when rows have different lengths.
+    lengths [B] long -> [B] long.
+    """
+    B = lengths.shape[0]
+    u = torch.rand((), generator=generator).item()
+    v = (u + torch.arange(B, dtype=torch.float64) / B) % 1.0  # [B] evenly spaced on the circle
+    n = torch.floor(v * (lengths.cpu().double() + 1)).long()
+    return torch.minimum(n, lengths.cpu()).to(lengths.device)
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
+    """Mean of values over mask along dim; 0 where the mask is empty."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
+
+
+def completion_lengths(batch: RolloutBatch) -> Tensor:
+    """Real completion length per row (tokens up to and including the first EOS), [B] long."""
+    return batch.completion_mask.long().sum(dim=1)
+
+
+def positions(batch: RolloutBatch) -> Tensor:
+    """Completion position indices [L] on the batch's device."""
+    return torch.arange(batch.completion_ids.shape[1], device=batch.completion_ids.device)

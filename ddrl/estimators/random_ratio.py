@@ -1,0 +1,54 @@
+"""Random-ratio masking: UniGRPO's log-prob proxy (MMaDA).
+
+Yang et al., "MMaDA: Multimodal Large Diffusion Language Models", arXiv 2505.15809; the RL code is
+Gen-Verse/dLLM-RL train/rl_llada.py (`method: random_masking`, `mask_times_per_sample`).
+
+    t ~ U(lower, upper) per copy and sequence;  mask each real completion token iid with prob t
+    log pi(x^i) := log p_theta(x^i | x_t, c)  on masked tokens only (no 1/t weight)
+
+The prompt stays clean. As in dLLM-RL (`tail_pad` positions), tokens after the first EOS are
+always masked and never scored. With `copies` > 1 a token's log-prob is the mean over the copies
+that masked it; a token no copy masked carries no signal (mask False). seq_logp is the mean over
+the scored tokens (0 if none was masked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ddrl.estimators.common import generator_from_seed, masked_mean, noised_forward, uniform
+from ddrl.registry import ESTIMATORS
+from ddrl.types import EstimatorOutput, RolloutBatch
+
+
+@ESTIMATORS.register("random_ratio")
+@dataclass
+class RandomRatio:
+    lower: float = 0.1  # smallest mask ratio t (dLLM-RL lower_p)
+    upper: float = 0.9  # largest mask ratio t (dLLM-RL upper_p)
+    copies: int = 1  # masked copies per sequence (dLLM-RL mask_times_per_sample), batched in one call
+    rows_per_call: int | None = None  # at most this many sequences per forward call (memory); None = one call
+
+    name: ClassVar[str] = "random_ratio"
+    paper: ClassVar[str] = "UniGRPO / MMaDA (Yang et al. 2025, arXiv 2505.15809)"
+    formula: ClassVar[str] = "t~U(0.1,0.9); log pi(x^i) = log p(x^i | x_t) on masked tokens, no 1/t"
+    passes: ClassVar[str] = "copies"
+    needs_trajectory: ClassVar[bool] = False
+
+    def __call__(self, model, batch: RolloutBatch, seed: int) -> EstimatorOutput:
+        if not 0.0 <= self.lower <= self.upper <= 1.0:
+            raise ValueError(f"random_ratio needs 0 <= lower <= upper <= 1, got {self.lower}, {self.upper}")
+        g = generator_from_seed(seed)
+        C, (B, L) = self.copies, batch.completion_ids.shape
+        device = batch.completion_ids.device
+        real = batch.completion_mask.bool()
+        t = self.lower + (self.upper - self.lower) * uniform((C, B, 1), g, device)  # [C, B, 1]
+        masked = uniform((C, B, L), g, device) < t  # [C, B, L]
+        masked = masked | ~real  # post-EOS always masked
+        lp = noised_forward(model, batch, None, masked, rows_per_call=self.rows_per_call)  # [C, B, L]
+        scored = masked & real  # [C, B, L]
+        token_logp = masked_mean(lp, scored, dim=0)  # [B, L], mean over the copies that masked i
+        mask = scored.any(0)
+        return EstimatorOutput(token_logp=token_logp * mask, seq_logp=masked_mean(token_logp, mask, dim=1), mask=mask,
+                               extras={"t": t[..., 0].mean(0)})

@@ -1,0 +1,125 @@
+"""UDM-GRPO's log-prob of the final clean sample, at states re-noised by the forward process.
+
+Wang et al., "UDM-GRPO", arXiv 2604.18518 (Yovecent/UDM-GRPO diffnext/pipelines/ursa/pipeline_grpo.py
+:144-176, :236-256). ALGORITHMS.md §3.
+
+The action is the final clean completion x0 (all image tokens). For each of a few noise levels t,
+a fresh noisy state is drawn from the model's own uniform forward process, x~_t ~ q_t(. | x0)
+(model.process.noise), and
+
+    log pi(x0 | c; t) = (1/N) sum_i log p_theta(x0^i | x~_t, c)        (mean over the real tokens)
+    seq_logp = mean over the timesteps;  extras["per_timestep"] = [B, n_t]
+
+Logits are restricted to the process's classes, vocabulary ids [offset, offset + num_classes), before
+the log-softmax. Time follows ddrl's processes: t = 0 clean, t = 1 pure noise. The paper trains on
+the 3 noisiest consecutive of 10 rollout steps (URSA's t in its own convention near noise); here
+t_values lists the levels explicitly, or num_timesteps levels are drawn uniformly in [t_min, t_max]
+from the seed, shared by the batch (so every micro-batch of one call sees the same levels).
+
+Ablations of the paper (naive GRPO on UDM):
+  forward_process=False: use the rollout's own states, batch.trajectory.states [B, S, L], at the
+      step whose time (trajectory.step_times, else 1 - s/S) is nearest to each t, instead of re-noising;
+  clean_target=False: score each step's predicted x0, batch.extras["step_predictions"] [B, S, L]
+      (recorded by the sampler), at the same nearest step, instead of the final sample.
+Both need the sampler's records; the instance attribute `needs_trajectory` says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from ddrl.estimators.common import forward_logprobs, generator_from_seed, masked_mean
+from ddrl.registry import ESTIMATORS
+from ddrl.types import EstimatorOutput, RolloutBatch
+
+
+@ESTIMATORS.register("udm")
+@dataclass
+class UDM:
+    num_timesteps: int = 3  # noise levels per call when t_values is None (UDM-GRPO: 3)
+    t_min: float = 0.6  # draw t uniformly in [t_min, t_max]; t = 1 is pure noise (the noisy early steps)
+    t_max: float = 1.0
+    t_values: list[float] | None = None  # explicit noise levels; overrides the draw
+    forward_process: bool = True  # re-noise x0 with the model's forward process; False = rollout states (naive)
+    clean_target: bool = True  # score the final clean x0; False = each step's predicted x0 (naive)
+    rows_per_call: int | None = None  # at most this many sequences per forward call (memory); None = one call
+
+    name: ClassVar[str] = "udm"
+    paper: ClassVar[str] = "UDM-GRPO (Wang et al. 2026, arXiv 2604.18518)"
+    formula: ClassVar[str] = "log pi(x0; t) = mean_i log p(x0^i | x~_t ~ q_t(.|x0)), averaged over a few noisy t"
+    passes: ClassVar[str] = "num_timesteps (or len(t_values))"
+    needs_trajectory: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        # the naive ablations read the sampler's recorded states / predictions
+        self.needs_trajectory = not (self.forward_process and self.clean_target)  # type: ignore[misc]
+
+    def timesteps(self, seed: int) -> Tensor:
+        """The noise levels of this call, [n_t] float (CPU)."""
+        if self.t_values is not None:
+            return torch.tensor([float(t) for t in self.t_values])
+        if not 0.0 <= self.t_min <= self.t_max <= 1.0:
+            raise ValueError(f"udm needs 0 <= t_min <= t_max <= 1, got {self.t_min}, {self.t_max}")
+        u = torch.rand(self.num_timesteps, generator=generator_from_seed(seed), dtype=torch.float64)
+        return (self.t_min + (self.t_max - self.t_min) * u).float()
+
+    def __call__(self, model, batch: RolloutBatch, seed: int) -> EstimatorOutput:
+        process = getattr(model, "process", None)
+        if process is None or not hasattr(process, "noise") or not hasattr(process, "num_classes"):
+            raise ValueError("the udm estimator needs a uniform-diffusion model: model.process with "
+                             "noise(), num_classes and offset")
+        offset, N = int(getattr(process, "offset", 0)), int(process.num_classes)
+        ts = self.timesteps(seed)  # [n_t]
+        n_t, (B, L) = ts.shape[0], batch.completion_ids.shape
+        real = batch.completion_mask.bool()
+        states, targets = self._states_and_targets(process, batch, ts, seed)  # [n_t*B, L] each
+        targets = torch.where(real.repeat(n_t, 1), targets, offset)  # unscored slots: any valid class
+        lp = forward_logprobs(model, batch.prompt_ids.repeat(n_t, 1), batch.prompt_mask.repeat(n_t, 1), states,
+                              targets, class_range=(offset, offset + N), rows_per_call=self.rows_per_call)
+        lp = lp.view(n_t, B, L)
+        per_timestep = masked_mean(lp, real[None], dim=-1).T  # [B, n_t]
+        token_logp = (lp * real).mean(0)
+        return EstimatorOutput(token_logp=token_logp, seq_logp=per_timestep.mean(1), mask=real,
+                               extras={"per_timestep": per_timestep, "t": ts.to(lp.device)})
+
+    def _states_and_targets(self, process, batch: RolloutBatch, ts: Tensor, seed: int) -> tuple[Tensor, Tensor]:
+        """Noisy inputs and scored tokens, both [n_t*B, L], copies ordered timestep-major."""
+        n_t, x0 = ts.shape[0], batch.completion_ids
+        device, B = x0.device, x0.shape[0]
+        steps = None if self.forward_process and self.clean_target else self._nearest_steps(batch, ts)
+        if self.forward_process:
+            eligible = batch.completion_mask.bool().repeat(n_t, 1)
+            t = ts.to(device).repeat_interleave(B)  # [n_t*B]
+            # a distinct stream from the t draw (seed + 1), so t_values=... and drawn levels noise alike
+            states, _ = process.noise(x0.repeat(n_t, 1), t, generator=generator_from_seed(int(seed) + 1),
+                                      eligible=eligible)
+        else:
+            if batch.trajectory is None or batch.trajectory.states is None:
+                raise ValueError("udm with forward_process=False needs batch.trajectory.states [B, S, L] "
+                                 "(a uniform sampler run with return_trajectory=True)")
+            states = batch.trajectory.states.to(device)[:, steps].transpose(0, 1).reshape(n_t * B, -1)
+        if self.clean_target:
+            return states, x0.repeat(n_t, 1)
+        if "step_predictions" not in batch.extras:
+            raise ValueError("udm with clean_target=False needs batch.extras['step_predictions'] [B, S, L], "
+                             "each sampler step's predicted x0; record it in the rollout")
+        preds = batch.extras["step_predictions"].to(device)[:, steps]  # [B, n_t, L]
+        return states, preds.transpose(0, 1).reshape(n_t * B, -1)
+
+    @staticmethod
+    def _nearest_steps(batch: RolloutBatch, ts: Tensor) -> Tensor:
+        """Index of the rollout step whose time is closest to each t, [n_t] long (CPU)."""
+        traj = batch.trajectory
+        S = traj.states.shape[1] if traj is not None and traj.states is not None else None
+        if S is None and "step_predictions" in batch.extras:
+            S = batch.extras["step_predictions"].shape[1]
+        if S is None:
+            raise ValueError("udm's naive ablations need the rollout's records: batch.trajectory.states "
+                             "(forward_process=False) or batch.extras['step_predictions'] (clean_target=False)")
+        times = traj.step_times.cpu().float() if traj is not None and traj.step_times is not None \
+            else 1.0 - torch.arange(S, dtype=torch.float32) / S
+        return (times[None, :] - ts[:, None]).abs().argmin(1)
