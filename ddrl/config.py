@@ -74,7 +74,7 @@ class SamplerConfig:
 class TaskConfig:
     name: str = "mini_sudoku"  # a registered task, or "module.path:factory" for a user's own task
     args: dict[str, Any] = field(default_factory=dict)  # keyword arguments for the task factory
-    format: str = "compact"  # prompt format: compact (built-in tiny models) | chat (HF models)
+    format: str | None = None  # prompt format: compact (built-in tiny models) | chat (HF models); None = the task's default
 
 
 @dataclass
@@ -182,6 +182,11 @@ class PretrainConfig:
     seed: int = 0  # every random draw derives from this
     output_dir: str = "runs/pretrain"  # where checkpoints go
     device: str = "auto"  # auto | cpu | cuda
+
+
+def task_kwargs(task: TaskConfig) -> dict[str, Any]:
+    """Constructor arguments for the task factory: its args, plus the format when one is set."""
+    return {**task.args, **({"format": task.format} if task.format else {})}
 
 
 # --------------------------------------------------------------------------------------------

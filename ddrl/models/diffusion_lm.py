@@ -14,10 +14,12 @@ a caller that needs its prediction must include the token before it in the new c
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -146,13 +148,27 @@ class DiffusionLM(nn.Module):
         kwargs (position_ids, past_key_values, use_cache, ...) go to the backbone unchanged.
         """
         out = self.model(input_ids, attention_mask=attention_mask, **kwargs)
-        logits = out.logits  # [B, T, V]
+        return DiffusionLMOutput(logits=self.align_logits(out.logits), past_key_values=getattr(out, "past_key_values", None))
+
+    def align_logits(self, logits: Tensor) -> Tensor:
+        """The backbone's logits [B, T, V] -> ours: undo the Dream shift, suppress the mask token.
+        (Subclasses that feed the backbone differently, e.g. ddrl.models.hf, reuse it.)"""
         if self.logits_shifted:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         if self.suppress_mask_logit:
             index = torch.tensor([self.mask_token_id], device=logits.device)
             logits = logits.index_fill(-1, index, SUPPRESSED_LOGIT)
-        return DiffusionLMOutput(logits=logits, past_key_values=getattr(out, "past_key_values", None))
+        return logits
+
+    @contextlib.contextmanager
+    def disable_adapter(self) -> Iterator["DiffusionLM"]:
+        """`with model.disable_adapter():` runs the base model without its LoRA adapter (the RL
+        reference under LoRA: no second copy of the weights). See ddrl.models.lora."""
+        if not hasattr(self.model, "disable_adapter"):
+            raise ValueError("this model has no LoRA adapter to disable; apply one with ddrl.models.lora.apply_lora "
+                             "(model.lora.rank > 0), or keep a separate reference copy")
+        with self.model.disable_adapter():
+            yield self
 
     # ------------------------------------------------------------------ persistence
 
@@ -160,14 +176,29 @@ class DiffusionLM(nn.Module):
         """The "ddrl" section of config.json: everything the constructor needs besides backbone and tokenizer."""
         return {name: getattr(self, name) for name in _SAVED_FIELDS}
 
-    def save_pretrained(self, directory: str | Path) -> None:
+    def save_pretrained(self, directory: str | Path, *, state_dict: dict[str, Tensor] | None = None,
+                        merge_adapter: bool = False) -> None:
         """Write config.json (backbone config + "ddrl" section), weights and tokenizer, atomically:
         everything goes to a temporary sibling directory that is renamed into place at the end,
-        so an interrupted save never leaves a directory that looks complete."""
+        so an interrupted save never leaves a directory that looks complete.
+
+        state_dict:    the full weights to write, keyed like self.state_dict(); None = this module's
+                       own. A sharded (FSDP2) run gathers them first (ddrl.training.distributed).
+        merge_adapter: with a LoRA adapter, write the merged weights as a plain model directory
+                       instead of base weights + adapter/ (ddrl.models.lora.merge_and_save).
+        """
         if not hasattr(self.model, "save_pretrained"):
             raise ValueError(f"the backbone {type(self.model).__name__} has no save_pretrained(directory); give it one")
+        backbone_state = None
+        if state_dict is not None:
+            backbone_state = {k[len("model."):]: v for k, v in state_dict.items() if k.startswith("model.")}
         with atomic_directory(directory) as tmp:
-            self.model.save_pretrained(tmp)
+            if hasattr(self.model, "peft_config"):  # a LoRA adapter: base weights (+ adapter/), see ddrl.models.lora
+                from ddrl.models.lora import save_adapted_backbone
+
+                save_adapted_backbone(self.model, tmp, backbone_state, merge=merge_adapter)
+            else:
+                save_backbone(self.model, tmp, backbone_state)
             if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
                 self.tokenizer.save_pretrained(tmp)
             config = read_json(tmp / CONFIG_FILE)
@@ -188,8 +219,49 @@ class DiffusionLM(nn.Module):
         backbone = Denoiser.from_pretrained(path, device=device, dtype=dtype)
         tokenizer = SymbolTokenizer.from_pretrained(path) if (path / TOKENIZER_FILE).is_file() else None
         saved = config.get("ddrl", {})
-        return cls(backbone, tokenizer, **{k: saved[k] for k in _SAVED_FIELDS if k in saved})
+        model = cls(backbone, tokenizer, **{k: saved[k] for k in _SAVED_FIELDS if k in saved})
+        return load_saved_adapter(model, path)
 
     def extra_repr(self) -> str:
         return (f"family={self.family!r}, vocab_size={self.vocab_size}, mask_token_id={self.mask_token_id}, "
                 f"logits_shifted={self.logits_shifted}, block_size={self.block_size}, process_spec={self.process_spec}")
+
+
+ADAPTER_DIR = "adapter"  # a LoRA checkpoint's adapter, in peft's layout, next to the base weights
+
+
+def load_saved_adapter(model: DiffusionLM, directory: Path) -> DiffusionLM:
+    """Re-attach the LoRA adapter that save_pretrained wrote into DIR/adapter (if any)."""
+    if not (Path(directory) / ADAPTER_DIR).is_dir():
+        return model
+    from ddrl.models.lora import load_adapter  # imports peft: only for LoRA checkpoints
+
+    return load_adapter(model, Path(directory) / ADAPTER_DIR)
+
+
+def save_backbone(backbone: nn.Module, directory: Path, state_dict: dict[str, Tensor] | None = None) -> None:
+    """backbone.save_pretrained(directory), writing `state_dict` (keyed like backbone.state_dict())
+    instead of the module's own tensors when given.
+
+    Hugging Face models take the state dict as an argument. A backbone whose save_pretrained does
+    not (the built-in Denoiser) writes whatever self.state_dict() returns, so for the duration of
+    the call a state-dict hook hands it the given tensors: under FSDP2 the module's own are shards.
+    """
+    if state_dict is None:
+        backbone.save_pretrained(directory)
+        return
+    if "state_dict" in inspect.signature(backbone.save_pretrained).parameters:
+        backbone.save_pretrained(directory, state_dict=state_dict)
+        return
+
+    def use_given(module: nn.Module, own: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+        if prefix:
+            return
+        own.clear()
+        own.update(state_dict)
+
+    handle = backbone.register_state_dict_post_hook(use_given)
+    try:
+        backbone.save_pretrained(directory)
+    finally:
+        handle.remove()

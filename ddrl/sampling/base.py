@@ -20,3 +20,4 @@ class SampleOutput:
     completion_ids: Tensor  # [B, L] long, the generated completion (prompt excluded)
     trajectory: Trajectory | None  # filled when return_trajectory=True
     nfe: int  # model forward calls made (a batched call counts once)
+    forward_tokens: int | None = None  # rows x tokens fed to the model, summed over calls (cost; None = not counted)

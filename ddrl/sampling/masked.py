@@ -26,6 +26,16 @@ compares with a plain per-row transcription). Where this code differs from the r
 every masked position of the current block whose confidence is >= threshold, and always the single
 most confident one; a block ends when it has no mask left, so the number of model calls adapts to the
 model's confidence (at most block_length per block) and `steps` is not used.
+**Factor decoding** (the paper's variant, when factor f is set): with c_(1) >= c_(2) >= ... the
+confidences of the block's masked positions, commit the n most confident for the largest n with
+(n + 1)(1 - c_(n)) < f, at least one. Like threshold decoding, a block runs until it is full.
+
+**KV cache** (rollout.cache; ddrl.sampling.cache has the details): "none" runs the whole sequence
+every step (the reference); "prefix"/"dual" are Fast-dLLM's approximate block caches for
+full-attention models; on block-causal models every setting but "none" is the exact cache of the
+prompt and the finished blocks; "auto" is that exact cache where it is exact and "none" elsewhere.
+The cache changes where the logits come from, nothing else: the commit rules, noise, early exit
+and the trajectory record below are the same for every setting.
 
 **"emerge"** (MaskGRPO's ancestral sampler, Ma et al. 2025; §1.3): with mask fraction k(tau) and
 T steps per block, at step s (k_t = k(s/T), k_s = k((s+1)/T)) every masked token independently
@@ -38,7 +48,10 @@ denoiser does not see t, so any pace gives valid samples; it only decides when t
 
 **"block"** (SDAR/TraDo block diffusion; §1.6): the masked sampler with block_length = model.block_size
 for block-causal models, threshold decoding when rollout.threshold is set. Blocks are counted from the
-start of the completion (block b = completion positions [b * block_size, (b + 1) * block_size)).
+start of the completion (block b = completion positions [b * block_size, (b + 1) * block_size)) and
+the prompt is one block before them, the convention of ddrl.processes.block that block models are
+trained with; the sampler passes that attention mask explicitly (ddrl.sampling.cache), for every
+row whatever its prompt length, and the same holds for any sampler run on a block-causal model.
 
 **Early exit** (registry samplers, rollout.early_exit): after a block is finished, a row whose
 completion so far contains model.eos_token_id has its remaining blocks filled with EOS and gets no
@@ -75,7 +88,8 @@ from torch import Tensor
 
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput
-from ddrl.sampling.utils import RowNoise, completion_logits, gumbel_argmax
+from ddrl.sampling.cache import CACHE_MODES, block_forward
+from ddrl.sampling.utils import RowNoise, gumbel_argmax
 from ddrl.types import Trajectory
 
 if TYPE_CHECKING:  # sampling imports only torch at run time (DESIGN.md: dependencies point one way)
@@ -117,6 +131,19 @@ def commit_top_k(confidence: Tensor, k: Tensor) -> Tensor:
     ranks = torch.empty_like(order)
     ranks.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
     return ranks < k[:, None]
+
+
+def commit_by_factor(confidence: Tensor, masked: Tensor, factor: float) -> Tensor:
+    """[A, W] -> [A, W] bool: the n most confident masked positions for the largest n with
+    (n + 1)(1 - c_(n)) < factor, c_(n) the n-th largest confidence; at least one per row with a mask.
+
+    (n + 1)(1 - c_(n)) grows with n, so the n that pass form a prefix of the ranking.
+    """
+    ranked = confidence.sort(dim=-1, descending=True).values  # [A, W], -inf (not masked) last
+    n = torch.arange(1, ranked.shape[1] + 1, device=ranked.device, dtype=ranked.dtype)
+    passes = (n + 1) * (1 - ranked) < factor  # [A, W]; False on -inf
+    count = passes.long().cumprod(dim=-1).sum(dim=-1).clamp(min=1)  # [A]
+    return commit_top_k(confidence, count) & masked
 
 
 def commit_above_threshold(confidence: Tensor, masked: Tensor, threshold: float) -> Tensor:
@@ -168,6 +195,16 @@ class _ThresholdRule:
 
     def step_time(self, step: int) -> float | None:
         return None
+
+
+class _FactorRule(_ThresholdRule):
+    """Fast-dLLM's factor variant: commit_by_factor at each step, until the block is full."""
+
+    def __init__(self, factor: float):
+        self.factor = factor
+
+    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise) -> Tensor:
+        return commit_by_factor(confidence, masked, self.factor)
 
 
 class _EmergeRule:
@@ -247,6 +284,7 @@ class _Decoded:
     completion: Tensor  # [B, L] long
     trajectory: Trajectory | None
     nfe: int  # model calls (a CFG call of 2B rows counts once)
+    forward_tokens: int  # rows x tokens fed to the model, summed over calls (the cost the cache cuts)
 
 
 @dataclass
@@ -260,9 +298,11 @@ class _Settings:
 
 @torch.no_grad()
 def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule, settings: _Settings, *,
-             gen_length: int, block_length: int, eos_id: int | None, record: bool) -> _Decoded:
+             gen_length: int, block_length: int, eos_id: int | None, record: bool, cache: str = "none") -> _Decoded:
     """Blocks left to right; inside a block, steps until `rule` says the block is done."""
     B, device = prompt_ids.shape[0], prompt_ids.device
+    forward = block_forward(model, prompt_ids, prompt_mask, cache=cache, block_length=block_length,
+                            gen_length=gen_length, cfg_scale=settings.cfg_scale, mask_id=settings.mask_id)
     completion = torch.full((B, gen_length), settings.mask_id, dtype=torch.long, device=device)  # [B, L]
     commit_step = torch.full((B, gen_length), -1, dtype=torch.long, device=device)  # [B, L]
     running = torch.ones(B, dtype=torch.bool, device=device)
@@ -275,10 +315,11 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule, settin
             break
         noise = RowNoise(settings.generator, B, rows, device)
         rule.begin_block(completion[rows, start:end] == settings.mask_id)
+        forward.begin_block(rows, start, end)
         first_step, step = nfe, 0
         while rule.more_steps(step, completion[rows, start:end] == settings.mask_id):
-            window, committed = _step(model, prompt_ids, prompt_mask, completion, rows, start, end, rule, step,
-                                      settings, noise, recorder)
+            logits = forward.block_logits(step, completion[rows])  # [A, W, V]
+            window, committed = _step(logits, completion[rows, start:end], rule, step, settings, noise, recorder)
             completion[rows, start:end] = window
             commit_step[rows, start:end] = torch.where(committed, nfe, commit_step[rows, start:end])
             nfe, step = nfe + 1, step + 1
@@ -289,20 +330,16 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule, settin
             completion[done, end:] = eos_id
             running = ~done
     trajectory = recorder.trajectory(commit_step, nfe) if recorder is not None else None
-    return _Decoded(completion, trajectory, nfe)
+    return _Decoded(completion, trajectory, nfe, forward.forward_tokens)
 
 
-def _step(model, prompt_ids: Tensor, prompt_mask: Tensor | None, completion: Tensor, rows: Tensor, start: int,
-          end: int, rule, step: int, settings: _Settings, noise: RowNoise,
+def _step(logits: Tensor, window: Tensor, rule, step: int, settings: _Settings, noise: RowNoise,
           recorder: _ProbRecorder | None) -> tuple[Tensor, Tensor]:
-    """One model call on the running rows -> (the block's new tokens [A, W], committed this step [A, W])."""
+    """The block's logits [A, W, V] and tokens [A, W] -> (new tokens [A, W], committed this step [A, W])."""
     s = settings
-    logits = completion_logits(model, prompt_ids[rows], None if prompt_mask is None else prompt_mask[rows],
-                               completion[rows], cfg_scale=s.cfg_scale, mask_id=s.mask_id)[:, start:end]  # [A, W, V]
     if not 0 <= s.mask_id < logits.shape[-1]:
         raise ValueError(f"mask_id={s.mask_id} is outside the model's vocabulary [0, {logits.shape[-1]}); "
                          f"pass the model's mask token id (model.mask_token_id)")
-    window = completion[rows, start:end]  # [A, W]
     masked = window == s.mask_id
     x0 = gumbel_argmax(logits, s.temperature, noise(*logits.shape[1:]) if s.temperature > 0 else None)  # [A, W]
     # Confidences in float64 as in the reference: float32 ties and rounding would reorder commits.
@@ -391,31 +428,33 @@ def _check_generator(generator: torch.Generator | None, needs_noise: bool, why: 
 def generate(model, prompt_ids: Tensor, attention_mask: Tensor | None = None, *, steps: int, gen_length: int,
              block_length: int, temperature: float = 0.0, cfg_scale: float = 0.0, remasking: str = "low_confidence",
              mask_id: int, threshold: float | None = None, generator: torch.Generator | None = None,
-             return_trajectory: bool = False) -> Tensor | tuple[Tensor, Trajectory]:
+             return_trajectory: bool = False, factor: float | None = None,
+             cache: str = "none") -> Tensor | tuple[Tensor, Trajectory]:
     """LLaDA's semi-autoregressive sampler (module doc), batched.
 
     prompt_ids      [B, P] long, left-padded; attention_mask [B, P] (1 = real token) or None (none is
                     passed to the model). The model receives [B, P + gen_length] with ones on the completion.
     steps           model calls in total, steps // (gen_length / block_length) per block; ignored when
-                    threshold is set (each block then runs until it is full, at most block_length calls).
+                    threshold or factor is set (each block then runs until it is full, at most
+                    block_length calls).
     threshold       None: LLaDA's fixed counts. In [0, 1]: Fast-dLLM threshold decoding.
     generator       required when temperature > 0 or remasking == "random".
+    factor          Fast-dLLM's factor-based parallel decoding (module doc), > 0; excludes threshold.
+    cache           "none" (LLaDA's reference) | "prefix" | "dual" | "auto" (ddrl.sampling.cache).
     Returns the full sequence [B, P + gen_length] (prompt + completion), and the Trajectory when
-    return_trajectory=True. Never early-exits.
+    return_trajectory=True. Never early-exits. With the defaults (threshold, factor None, cache
+    "none") these are the reference's tokens.
     """
     _check_inputs(model, prompt_ids, attention_mask, gen_length=gen_length, block_length=block_length,
                   temperature=temperature, cfg_scale=cfg_scale, remasking=remasking, mask_id=mask_id)
-    if threshold is None:
-        rule = _FixedCountRule(_check_steps(steps, gen_length, block_length))
-    elif 0.0 <= threshold <= 1.0:
-        rule = _ThresholdRule(float(threshold))
-    else:
-        raise ValueError(f"threshold must be in [0, 1] (0.9 is typical) or None for fixed counts, got {threshold}")
+    rule = _commit_rule(steps, gen_length, block_length, threshold, factor, "")
+    _check_cache(cache, "cache")
     _check_generator(generator, temperature > 0 or remasking == "random", "temperature > 0 or remasking='random'")
     mask = None if attention_mask is None else attention_mask.bool()
     out = _denoise(model, prompt_ids, mask, rule,
                    _Settings(float(temperature), float(cfg_scale), remasking, mask_id, generator),
-                   gen_length=gen_length, block_length=block_length, eos_id=None, record=return_trajectory)
+                   gen_length=gen_length, block_length=block_length, eos_id=None, record=return_trajectory,
+                   cache=cache)
     sequence = torch.cat([prompt_ids, out.completion.to(prompt_ids.dtype)], dim=1)  # [B, P + L]
     return (sequence, out.trajectory) if return_trajectory else sequence
 
@@ -428,30 +467,49 @@ def _model_mask_id(model) -> int:
     return int(mask_id)
 
 
-def _check_sampler_config(cfg: SamplerConfig, prefix: str) -> None:
-    if cfg.cache != "none":
-        raise ValueError(f"{prefix}.cache={cfg.cache!r}: the block KV cache is not implemented by the {cfg.name!r} "
-                         f"sampler yet; set {prefix}.cache=none")
+def _check_cache(cache: str, key: str) -> None:
+    if cache not in CACHE_MODES:
+        raise ValueError(f"{key}={cache!r} is not valid; choose one of: {', '.join(CACHE_MODES)}")
+
+
+def _commit_rule(steps: int, gen_length: int, block_length: int, threshold: float | None, factor: float | None,
+                 prefix: str):
+    """LLaDA's fixed counts, or threshold / factor decoding (module doc)."""
+    if threshold is not None and factor is not None:
+        raise ValueError(f"{prefix}threshold={threshold} and {prefix}factor={factor} are two parallel-decoding "
+                         f"rules; set only one of them")
+    if threshold is not None:
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"{prefix}threshold must be in [0, 1] (0.9 is typical) or None for fixed counts, "
+                             f"got {threshold}")
+        return _ThresholdRule(float(threshold))
+    if factor is not None:
+        if not factor > 0:
+            raise ValueError(f"{prefix}factor must be > 0 (Fast-dLLM's f, e.g. 1.0) or None, got {factor}")
+        return _FactorRule(float(factor))
+    return _FixedCountRule(_check_steps(steps, gen_length, block_length))
 
 
 def _sample_semi_ar(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, block_length: int,
                     generator: torch.Generator | None, return_trajectory: bool) -> SampleOutput:
     """The masked and block samplers: generate() with the config's fields, plus early exit."""
-    _check_sampler_config(cfg, "rollout")
     mask_id = _model_mask_id(model)
     _check_inputs(model, prompt_ids, prompt_mask, gen_length=cfg.gen_length, block_length=block_length,
                   temperature=cfg.temperature, cfg_scale=cfg.cfg_scale, remasking=cfg.remasking, mask_id=mask_id)
-    if cfg.threshold is None:
-        rule = _FixedCountRule(_check_steps(cfg.steps, cfg.gen_length, block_length))
-    else:
-        rule = _ThresholdRule(float(cfg.threshold))
+    # `factor` is read if the config has it (SamplerConfig has no such field yet; a SimpleNamespace or a
+    # subclass can carry it), so that the rule is selectable from a config without a second code path.
+    rule = _commit_rule(cfg.steps, cfg.gen_length, block_length, cfg.threshold, getattr(cfg, "factor", None),
+                        "rollout.")
+    _check_cache(cfg.cache, "rollout.cache")
     _check_generator(generator, cfg.temperature > 0 or cfg.remasking == "random",
                      "rollout.temperature > 0 or rollout.remasking=random")
     eos_id = getattr(model, "eos_token_id", None) if cfg.early_exit else None
     out = _denoise(model, prompt_ids, None if prompt_mask is None else prompt_mask.bool(), rule,
                    _Settings(cfg.temperature, cfg.cfg_scale, cfg.remasking, mask_id, generator),
-                   gen_length=cfg.gen_length, block_length=block_length, eos_id=eos_id, record=return_trajectory)
-    return SampleOutput(completion_ids=out.completion, trajectory=out.trajectory, nfe=out.nfe)
+                   gen_length=cfg.gen_length, block_length=block_length, eos_id=eos_id, record=return_trajectory,
+                   cache=cfg.cache)
+    return SampleOutput(completion_ids=out.completion, trajectory=out.trajectory, nfe=out.nfe,
+                        forward_tokens=out.forward_tokens)
 
 
 @SAMPLERS.register("masked")
@@ -496,10 +554,10 @@ def sample_emerge(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Sa
     cfg.steps model calls, split evenly over blocks of cfg.block_length (None = one block, as in
     MaskGRPO); cfg.cfg_scale w gives (1 + w) cond - w uncond; cfg.remasking is not used.
     """
-    _check_sampler_config(cfg, "rollout")
-    if cfg.threshold is not None:
-        raise ValueError("rollout.threshold applies to the masked and block samplers; the emerge sampler unmasks "
-                         "at random by its schedule, so unset rollout.threshold")
+    _check_cache(cfg.cache, "rollout.cache")
+    if cfg.threshold is not None or getattr(cfg, "factor", None) is not None:
+        raise ValueError("rollout.threshold and rollout.factor apply to the masked and block samplers; the emerge "
+                         "sampler unmasks at random by its schedule, so unset them")
     mask_id = _model_mask_id(model)
     block_length = cfg.block_length or cfg.gen_length
     _check_inputs(model, prompt_ids, prompt_mask, gen_length=cfg.gen_length, block_length=block_length,
@@ -511,5 +569,7 @@ def sample_emerge(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Sa
     rule = _EmergeRule(steps_per_block, emerge_mask_fraction(model))
     out = _denoise(model, prompt_ids, None if prompt_mask is None else prompt_mask.bool(), rule,
                    _Settings(cfg.temperature, cfg.cfg_scale, "low_confidence", mask_id, generator),
-                   gen_length=cfg.gen_length, block_length=block_length, eos_id=eos_id, record=return_trajectory)
-    return SampleOutput(completion_ids=out.completion, trajectory=out.trajectory, nfe=out.nfe)
+                   gen_length=cfg.gen_length, block_length=block_length, eos_id=eos_id, record=return_trajectory,
+                   cache=cfg.cache)
+    return SampleOutput(completion_ids=out.completion, trajectory=out.trajectory, nfe=out.nfe,
+                        forward_tokens=out.forward_tokens)

@@ -73,8 +73,9 @@ def completion_logits(model, prompt_ids: Tensor, prompt_mask: Tensor | None, com
     With cfg_scale > 0 the conditional and unconditional inputs go through the model as one batch
     of 2A rows; the unconditional input has every real prompt token replaced by mask_id (padding is
     left as it is, the attention mask hides it).
-    Models whose logits are shifted by one (Dream: position t predicts token t + 1) advertise
-    `logits_shifted = True`; their prediction for completion position j is read at P + j - 1.
+    The logits must be aligned (position i predicts the clean token at i): DiffusionLM realigns a
+    Dream backbone's shifted logits itself (ddrl.models.diffusion_lm), so they are read at P + j
+    here whatever `logits_shifted` says; reading them one position earlier again would shift twice.
     """
     P, L = prompt_ids.shape[1], completion.shape[1]
     x = torch.cat([prompt_ids, completion], dim=1)  # [A, T]
@@ -87,10 +88,7 @@ def completion_logits(model, prompt_ids: Tensor, prompt_mask: Tensor | None, com
         x = torch.cat([x, uncond], dim=0)  # [2A, T]
         attn = None if attn is None else torch.cat([attn, attn], dim=0)
     logits = (model(x) if attn is None else model(x, attention_mask=attn)).logits  # [A or 2A, T, V]
-    if getattr(model, "logits_shifted", False):
-        logits = logits[:, P - 1:P + L - 1]
-    else:
-        logits = logits[:, P:P + L]
+    logits = logits[:, P:P + L]
     if cfg_scale > 0:
         cond, uncond_logits = logits.chunk(2, dim=0)
         logits = guided_logits(cond, uncond_logits, cfg_scale)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ddrl.config import PretrainConfig, load_config, save_config
+from ddrl.config import PretrainConfig, load_config, save_config, task_kwargs
 from ddrl.data import encode_completions, encode_prompts
 from ddrl.training.common import (build_optimizer, build_scheduler, check_writable, derive_seed,
                                   make_generator, pick_device)
@@ -69,7 +69,7 @@ def pretrain(config: str | Path | dict | PretrainConfig, overrides: list[str] | 
     cfg = config if isinstance(config, PretrainConfig) else load_config(config, overrides, PretrainConfig)
     out = check_writable(cfg.output_dir)
     device = pick_device(cfg.device)
-    task = get_task(cfg.task.name, format=cfg.task.format, **cfg.task.args)
+    task = get_task(cfg.task.name, **task_kwargs(cfg.task))
     train_pairs, held_pairs = _load_pairs(cfg, task)
     if not train_pairs:
         raise ValueError("pretraining data is empty; check data.jsonl or data.n_train")

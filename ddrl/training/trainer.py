@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import torch
 from tqdm.auto import tqdm
 
-from ddrl.config import RLConfig, SamplerConfig, load_config, save_config
+from ddrl.config import RLConfig, SamplerConfig, load_config, save_config, task_kwargs
 from ddrl.data import completion_mask, decode_completions, encode_prompts
 from ddrl.registry import ESTIMATORS, OBJECTIVES, SAMPLERS
 from ddrl.training import checkpoint as ckpt
@@ -55,7 +55,7 @@ class Trainer:
             raise ValueError(f"train.prompts_per_step={t.prompts_per_step} must be divisible by the number of "
                              f"processes ({self.dist.world_size}) so that every rank holds whole groups")
         self.run_dir = check_writable(cfg.output_dir)
-        self.task = get_task(cfg.task.name, format=cfg.task.format, **cfg.task.args)
+        self.task = get_task(cfg.task.name, **task_kwargs(cfg.task))
         self.objective, self.estimator = build_method(cfg)
         self.model = self._load_model()
         self.max_prompt = (self.model.max_seq_len - cfg.rollout.gen_length

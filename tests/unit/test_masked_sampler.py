@@ -376,13 +376,22 @@ def test_registered_sampler_counts_a_guided_call_once(model):
     assert out.nfe == counting.calls == 4
 
 
+def _builtin_block_model(block_size: int = 4):
+    """A random built-in block-causal denoiser: the block sampler passes it an explicit block mask."""
+    from ddrl.models import Denoiser, DenoiserConfig, DiffusionLM
+
+    backbone = Denoiser(DenoiserConfig(vocab_size=12, d_model=16, n_layers=1, n_heads=2, max_seq_len=32,
+                                       block_size=block_size), seed=0)
+    return DiffusionLM(backbone, mask_token_id=MASK, pad_token_id=PAD, eos_token_id=EOS, vocab_size=12,
+                       block_size=block_size, suppress_mask_logit=True).eval()
+
+
 def test_block_sampler_uses_the_model_block_size(model):
     ids, mask = left_pad(PROMPTS)
-    block_model = Counting(model)
-    block_model.block_size = 4
+    block_model = Counting(_builtin_block_model(4))
     cfg = SamplerConfig(name="block", steps=8, gen_length=8, temperature=0.0, early_exit=False)
     out = sample_block(block_model, ids, mask, cfg, generator=None)
-    full = generate(model, ids, mask, steps=8, gen_length=8, block_length=4, mask_id=MASK)
+    full = generate(block_model.model, ids, mask, steps=8, gen_length=8, block_length=4, mask_id=MASK)
     assert torch.equal(out.completion_ids, full[:, ids.shape[1]:])
     threshold = sample_block(block_model, ids, mask, SamplerConfig(steps=8, gen_length=8, temperature=0.0,
                                                                    threshold=0.0, early_exit=False), generator=None)
@@ -393,10 +402,10 @@ def test_block_sampler_uses_the_model_block_size(model):
         sample_block(block_model, ids, mask, SamplerConfig(steps=8, gen_length=8, block_length=2), generator=None)
 
 
-def test_cache_setting_is_refused_until_implemented(model):
+def test_unknown_cache_setting_is_refused(model):
     ids, mask = left_pad(PROMPTS)
-    with pytest.raises(ValueError, match="cache"):
-        sample_masked(model, ids, mask, SamplerConfig(cache="prefix"), generator=torch.Generator())
+    with pytest.raises(ValueError, match="cache='block'"):
+        sample_masked(model, ids, mask, SamplerConfig(cache="block"), generator=torch.Generator())
 
 
 class EosLover:
@@ -511,7 +520,11 @@ class Shifted:
 
 
 @pytest.mark.parametrize("cfg_scale", [0.0, 1.0])
-def test_shifted_logits_are_read_one_position_earlier(model, cfg_scale):
+def test_shifted_logits_are_realigned_once_by_diffusion_lm(model, cfg_scale):
+    # DiffusionLM undoes the shift; the sampler must not shift again (it used to: tokens one position off).
+    from ddrl.models import DiffusionLM
+
+    dream = DiffusionLM(Shifted(model), mask_token_id=MASK, vocab_size=12, logits_shifted=True).eval()
     ids, mask = left_pad(PROMPTS)
     args = dict(steps=4, gen_length=8, block_length=4, mask_id=MASK, cfg_scale=cfg_scale)
-    assert torch.equal(generate(Shifted(model), ids, mask, **args), generate(model, ids, mask, **args))
+    assert torch.equal(generate(dream, ids, mask, **args), generate(model, ids, mask, **args))
