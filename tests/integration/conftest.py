@@ -20,5 +20,5 @@ def tiny_sudoku_model(tmp_path_factory) -> Path:
 
 
 def rl_overrides(model_dir: Path, out: Path, steps: int = 2) -> list[str]:
-    return [f"model.path={model_dir}", f"train.steps={steps}", "train.prompts_per_step=2", "train.group_size=4",
+    return [f"model.path={model_dir}", "task.name=tests.integration.dense_task:make", f"train.steps={steps}", "train.prompts_per_step=2", "train.group_size=4",
             "eval.n=4", "eval.every=0", "train.progress=false", "train.tensorboard=false", f"output_dir={out}"]
