@@ -27,6 +27,9 @@ _LAZY = {
     "Task": ("ddrl.tasks.base", "Task"),
 }
 
+_SUBMODULES = {"data", "config", "registry", "types", "models", "sampling", "estimators", "objectives",
+               "rewards", "tasks", "training", "eval", "processes"}
+
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
@@ -38,4 +41,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"ddrl.{name}")
     raise AttributeError(f"module 'ddrl' has no attribute {name!r}")
