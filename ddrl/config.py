@@ -357,7 +357,7 @@ def validate_sampler(s: SamplerConfig, key: str = "rollout") -> None:
 
     _choice(s.name, SAMPLERS.names(), f"{key}.name")
     _choice(s.remasking, ("low_confidence", "random"), f"{key}.remasking")
-    _choice(s.cache, ("none", "prefix", "dual"), f"{key}.cache")
+    _choice(s.cache, ("none", "prefix", "dual", "auto"), f"{key}.cache")  # ddrl.sampling.cache.CACHE_MODES
     if s.gen_length <= 0:
         raise ConfigError(f"{key}.gen_length must be positive, got {s.gen_length}")
     if s.steps <= 0:

@@ -5,6 +5,7 @@ time and held-out score, measured here with the same evaluator as `ddrl eval`.
 
     python -m ddrl.training.make_checkpoints                 # all of them
     python -m ddrl.training.make_checkpoints mini_sudoku-masked
+    python -m ddrl.training.make_checkpoints --reuse digits-uniform   # publish an existing run
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ SHIPPED = {
 }
 
 
-def make(name: str, extra_overrides: list[str] | None = None) -> Path:
+def make(name: str, extra_overrides: list[str] | None = None, reuse: bool = False) -> Path:
+    """Pretrain (or, with reuse, take an existing runs/pretrain/<name>/final) and publish with a card."""
     from ddrl.config import PretrainConfig, load_config, task_kwargs
     from ddrl.eval import evaluate
     from ddrl.models import load_model
@@ -41,8 +43,14 @@ def make(name: str, extra_overrides: list[str] | None = None) -> Path:
     overrides = [f"output_dir={out_dir}", *(extra_overrides or [])]
     cfg = load_config(ROOT / config, overrides, PretrainConfig)
     start = time.perf_counter()
-    final = pretrain(cfg)
-    minutes = (time.perf_counter() - start) / 60
+    if reuse and (out_dir / "final" / "config.json").exists():
+        from ddrl.training.logging import read_metrics
+
+        final = out_dir / "final"
+        minutes = (read_metrics(out_dir / "metrics.jsonl") or [{}])[-1].get("time/elapsed", 0.0) / 60
+    else:
+        final = pretrain(cfg)
+        minutes = (time.perf_counter() - start) / 60
     model = load_model(final)
     task = get_task(cfg.task.name, **{**task_kwargs(cfg.task), **eval_args})
     train_task_args = task_kwargs(cfg.task)
@@ -80,12 +88,13 @@ def make(name: str, extra_overrides: list[str] | None = None) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    names = argv or list(SHIPPED)
+    reuse = "--reuse" in argv
+    names = [a for a in argv if a != "--reuse"] or list(SHIPPED)
     for name in names:
         if name not in SHIPPED:
             print(f"unknown checkpoint {name!r}; choose from {', '.join(SHIPPED)}", file=sys.stderr)
             return 2
-        make(name)
+        make(name, reuse=reuse)
     return 0
 
 

@@ -32,10 +32,12 @@ from ddrl.registry import ESTIMATORS, OBJECTIVES, SAMPLERS
 from ddrl.training import checkpoint as ckpt
 from ddrl.training.common import (build_optimizer, build_scheduler, check_writable, derive_seed,
                                   make_generator, pick_device)
-from ddrl.training.distributed import (DistInfo, ModelHandle, all_reduce_sum, init_distributed,
-                                       reduce_mean_dict, resolve_strategy, wrap_model)
+from ddrl.training.distributed import (DistInfo, GatheredModel, ModelHandle, all_reduce_sum, gather_full_state,
+                                       gathered_parameters, init_distributed, load_full_state, reduce_mean_dict,
+                                       resolve_strategy, wrap_model)
 from ddrl.training.logging import MetricsLogger, plot_reward_curve
-from ddrl.types import EstimatorOutput, RolloutBatch
+from ddrl.sampling.base import SampleOutput
+from ddrl.types import EstimatorOutput, RolloutBatch, Trajectory
 
 
 class NonFiniteError(RuntimeError):
@@ -83,6 +85,10 @@ class Trainer:
                                  or getattr(self.objective, "token_weights", False))
         if self.dist.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
+            r = cfg.rollout
+            fast = r.cache != "none" or r.threshold is not None
+            print(f"rollout: {r.name} sampler, cache={r.cache}, threshold={r.threshold}, early_exit={r.early_exit} "
+                  f"({'fast' if fast else 'reference'} path; rollout.cache=none rollout.threshold=null is the reference)")
 
     # ------------------------------------------------------------------ setup helpers
     def _load_model(self) -> Any:
@@ -98,7 +104,7 @@ class Trainer:
         if lora.rank > 0:
             from ddrl.models.lora import apply_lora
 
-            model = apply_lora(model, lora)
+            model = apply_lora(model, lora, seed=self.cfg.seed)
         if self.cfg.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()
         return model.to(self.device).train()
@@ -172,14 +178,28 @@ class Trainer:
         first = (step - 1) * t.prompts_per_step + self.dist.rank * per_rank  # data position = f(step)
         examples = [self.pool[(first + i) % len(self.pool)] for i in range(per_rank)]
         prompts = [ex["prompt"] for ex in examples for _ in range(G)]
-        prompt_ids, prompt_mask = encode_prompts(self.model.tokenizer, prompts, max_length=self.max_prompt,
-                                                 device=self.device)
-        g = make_generator(derive_seed(self.cfg.seed, "rollout", step, self.dist.rank))
+        # Padded to the widest prompt of the whole step (all ranks), so a row's tensors do not depend
+        # on how the step is split over processes.
+        step_prompts = [self.pool[((step - 1) * t.prompts_per_step + i) % len(self.pool)]["prompt"]
+                        for i in range(t.prompts_per_step)]
+        all_ids, all_mask = encode_prompts(self.model.tokenizer, step_prompts, max_length=self.max_prompt,
+                                           device=self.device)  # [N, P]
+        mine = slice(self.dist.rank * per_rank, (self.dist.rank + 1) * per_rank)
+        prompt_ids, prompt_mask = all_ids[mine].repeat_interleave(G, 0), all_mask[mine].repeat_interleave(G, 0)
+        # One sampler call per prompt group, with the group's own generator and unpadded prompt: a
+        # group's completions depend on (seed, step, group's data position) only, not on the other
+        # groups nor on the number of processes (1 process and N processes draw the same rollouts).
+        sampler, outs = SAMPLERS.get(self.cfg.rollout.name), []
         self.model.eval()
-        with self.autocast:
-            out = SAMPLERS.get(self.cfg.rollout.name)(self.model, prompt_ids, prompt_mask, self.cfg.rollout,
-                                                      generator=g, return_trajectory=self.needs_trajectory)
+        with self.autocast, gathered_parameters(self.model):
+            for i in range(per_rank):
+                rows, real = slice(i * G, (i + 1) * G), all_mask[mine][i]
+                g = make_generator(derive_seed(self.cfg.seed, "rollout", step, first + i))
+                outs.append(sampler(self.model, prompt_ids[rows][:, real], prompt_mask[rows][:, real],
+                                    self.cfg.rollout, generator=g, return_trajectory=self.needs_trajectory))
         self.model.train()
+        out = SampleOutput(completion_ids=torch.cat([o.completion_ids for o in outs]), nfe=sum(o.nfe for o in outs),
+                           trajectory=concat_trajectories([o.trajectory for o in outs]))
         completions = decode_completions(self.model.tokenizer, out.completion_ids)
         K = t.num_iterations
         seeds = torch.tensor([derive_seed(self.cfg.seed, "mask", step, k) % 2**62 for k in range(K)])
@@ -193,6 +213,7 @@ class Trainer:
         )
         batch.extras["examples"] = [ex for ex in examples for _ in range(G)]
         batch.extras["nfe"] = out.nfe
+        batch.extras["forward_tokens"] = sum(o.forward_tokens or 0 for o in outs)  # rows x tokens fed (cost)
         return batch
 
     def score(self, batch: RolloutBatch) -> None:
@@ -314,6 +335,7 @@ class Trainer:
             "reward/invalid_frac": 1 - valid.float().mean().item(),
             "completion/length": batch.completion_mask.float().sum(1).mean().item(),
             "rollout/model_calls": float(batch.extras.get("nfe", 0)),
+            "rollout/forward_tokens": float(batch.extras.get("forward_tokens") or 0),
             "advantage/abs_mean": batch.advantages.abs().mean().item(),
         }
         for name, v in batch.extras.get("reward_parts", {}).items():
@@ -329,7 +351,9 @@ class Trainer:
         sampler = SamplerConfig(**{**vars(self.cfg.rollout), "temperature": e.temperature,
                                    "steps": e.steps or self.cfg.rollout.steps})
         samples_path = self.run_dir / "eval" / f"step-{step}.jsonl" if self.dist.is_main else None
-        result = evaluate(self.model, self.task, n=e.n, sampler=sampler, seed=self.cfg.seed, output_jsonl=samples_path)
+        with gathered_parameters(self.model):  # FSDP2: ranks make different numbers of model calls
+            result = evaluate(self.model, self.task, n=e.n, sampler=sampler, seed=self.cfg.seed,
+                              output_jsonl=samples_path)
         self.eval_history.append({"step": step, **{k: result[k] for k in ("accuracy", "mean_reward")}})
         if self.dist.is_main and samples_path is not None and e.samples_to_log:
             lines = samples_path.read_text().splitlines()[: e.samples_to_log]
@@ -343,11 +367,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> None:
+        model_state, optimizer_state = gather_full_state(self.model, self.opt)  # collective under FSDP2
         if not self.dist.is_main:
             return
-        state = {"step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+        state = {"step": self.step, "optimizer": optimizer_state, "scheduler": self.sched.state_dict(),
                  "bad_steps": self.bad_steps, "eval_history": self.eval_history, "data_position": self.step}
-        ckpt.save_checkpoint(self.run_dir, self.step, self.model, state, keep=self.cfg.train.keep_checkpoints)
+        ckpt.save_checkpoint(self.run_dir, self.step, GatheredModel(self.model, model_state), state,
+                             keep=self.cfg.train.keep_checkpoints)
 
     def _resume(self) -> None:
         from ddrl.models import load_model
@@ -357,8 +383,7 @@ class Trainer:
             return  # nothing to resume: start fresh
         state = ckpt.load_trainer_state(last)
         loaded = load_model(last)
-        self.model.load_state_dict(loaded.state_dict())
-        self.opt.load_state_dict(state["optimizer"])
+        load_full_state(self.model, self.opt, loaded.state_dict(), state["optimizer"])  # any strategy
         self.sched.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
         self.bad_steps = int(state.get("bad_steps", 0))
@@ -399,6 +424,24 @@ class _Clock:
             yield
         finally:
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+
+def concat_trajectories(parts: list[Trajectory | None]) -> Trajectory | None:
+    """Stack the trajectories of several sampler calls along the batch. Calls that stopped early
+    (early exit, threshold decoding) have fewer steps S: their last step is repeated, which is what
+    a batched call records for a row whose positions are all committed."""
+    if not parts or parts[0] is None:
+        return None
+    S = max(p.token_probs.shape[1] for p in parts)
+
+    def pad_steps(x: torch.Tensor | None) -> torch.Tensor | None:  # [b, s, L] -> [b, S, L]
+        return None if x is None else torch.cat([x, x[:, -1:].expand(-1, S - x.shape[1], -1)], dim=1)
+
+    longest = max(parts, key=lambda p: p.token_probs.shape[1])
+    states = [pad_steps(p.states) for p in parts]
+    return Trajectory(commit_step=torch.cat([p.commit_step for p in parts]),
+                      token_probs=torch.cat([pad_steps(p.token_probs) for p in parts]),
+                      states=None if states[0] is None else torch.cat(states), step_times=longest.step_times)
 
 
 def _nanmean(values: list[Any]) -> float:

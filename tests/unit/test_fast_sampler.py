@@ -30,6 +30,15 @@ V, MASK, PAD, EOS = 24, 23, 0, 1
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13], [14, 15, 16, 17, 18, 19]]  # left padding of 3, 1, 5, 0
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tiny models run ~30x slower with 2 OpenMP threads on a busy 2-core machine than with 1."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     P = max(len(p) for p in prompts)
     ids = torch.tensor([[PAD] * (P - len(p)) + p for p in prompts])
