@@ -472,3 +472,20 @@ def test_cuda_tensors_with_a_cpu_generator_give_the_cpu_numbers():
             xt, noised = p.noise(x0.to(device), t, generator=g)
             out.append(p.nelbo(logits.to(device), x0.to(device), noised, t, xt=xt).cpu())
         assert torch.allclose(out[0], out[1], atol=1e-5)
+
+
+def test_row_generators_give_each_chunk_its_own_stream():
+    import torch
+
+    from ddrl.processes.draws import RowGenerators, randint_draw, uniform_draw
+
+    gens = lambda: [torch.Generator().manual_seed(s) for s in (11, 22)]  # noqa: E731
+    both = uniform_draw((6, 3), generator=RowGenerators(gens(), 3))
+    alone = uniform_draw((3, 3), generator=torch.Generator().manual_seed(22))
+    assert torch.equal(both[3:], alone)
+    ints = randint_draw(5, (6, 2), generator=RowGenerators(gens(), 3))
+    assert torch.equal(ints[:3], randint_draw(5, (3, 2), generator=torch.Generator().manual_seed(11)))
+    import pytest
+
+    with pytest.raises(ValueError, match="batch as the first dimension"):
+        uniform_draw((4, 3), generator=RowGenerators(gens(), 3))
