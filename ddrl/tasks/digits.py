@@ -25,9 +25,13 @@ from ddrl.tasks import Task, check_format
 
 
 def _balanced_labels(n: int, rng: random.Random) -> list[int]:
-    labels = [i % N_CLASSES for i in range(n)]
-    rng.shuffle(labels)
-    return labels
+    """Labels in shuffled rounds of all ten classes: balanced, and a prefix of any longer draw."""
+    labels: list[int] = []
+    while len(labels) < n:
+        round_ = list(range(N_CLASSES))
+        rng.shuffle(round_)
+        labels.extend(round_)
+    return labels[:n]
 
 
 @TASKS.register("digits")

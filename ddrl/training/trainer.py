@@ -62,8 +62,9 @@ class Trainer:
         self.model = self._load_model()
         self.max_prompt = (self.model.max_seq_len - cfg.rollout.gen_length
                            if getattr(self.model, "max_seq_len", None) else None)
-        self.pool = self.task.train_examples(n=min(t.steps * t.prompts_per_step, 20000), seed=cfg.seed)
-        if not self.pool:
+        self.pool: list[dict[str, Any]] = []
+        self._pool_complete = False  # the task had fewer examples than asked: wrap around
+        if not self.example(0):
             raise ValueError(f"task {self.task.name!r} returned no training examples; check task.args")
         self.ref_model = self._make_reference() if self.objective.needs_ref else None
         strategy = resolve_strategy(cfg.dist.strategy, self.dist)
@@ -176,11 +177,11 @@ class Trainer:
         t = self.cfg.train
         G, per_rank = t.group_size, t.prompts_per_step // self.dist.world_size
         first = (step - 1) * t.prompts_per_step + self.dist.rank * per_rank  # data position = f(step)
-        examples = [self.pool[(first + i) % len(self.pool)] for i in range(per_rank)]
+        examples = [self.example(first + i) for i in range(per_rank)]
         prompts = [ex["prompt"] for ex in examples for _ in range(G)]
         # Padded to the widest prompt of the whole step (all ranks), so a row's tensors do not depend
         # on how the step is split over processes.
-        step_prompts = [self.pool[((step - 1) * t.prompts_per_step + i) % len(self.pool)]["prompt"]
+        step_prompts = [self.example((step - 1) * t.prompts_per_step + i)["prompt"]
                         for i in range(t.prompts_per_step)]
         all_ids, all_mask = encode_prompts(self.model.tokenizer, step_prompts, max_length=self.max_prompt,
                                            device=self.device)  # [N, P]
@@ -302,6 +303,21 @@ class Trainer:
         return sums
 
     # ------------------------------------------------------------------ small helpers
+    def example(self, index: int) -> dict[str, Any]:
+        """Training example number `index` of the run (data position = f(step), so resume is exact).
+
+        Examples are generated lazily in chunks: a task's train_examples(n) is a prefix of
+        train_examples(m) for n < m, so growing the pool never changes an earlier example.
+        """
+        if index >= len(self.pool) and not self._pool_complete:
+            want = (index // 256 + 1) * 256
+            self.pool = self.task.train_examples(n=want, seed=self.cfg.seed)
+            self._pool_complete = len(self.pool) < want
+        if not self.pool:
+            return {}
+        return self.pool[index % len(self.pool)]
+
+
     @property
     def fresh_masks(self) -> bool:
         m = self.cfg.method.fresh_masks
