@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = {
     "mini_sudoku-masked": ("configs/pretrain/mini_sudoku_masked.yaml", {"min_empty": 10, "max_empty": 12}, 256),
     "sudoku-masked": ("configs/pretrain/sudoku_masked.yaml", {"min_empty": 30, "max_empty": 40}, 64),
-    "digits-uniform": ("configs/pretrain/digits_uniform.yaml", {}, 200),
+    "digits-uniform": ("configs/pretrain/digits_uniform.yaml", {}, 200),  # scored with its config's sampler (T=1)
     "digits-masked": ("configs/pretrain/digits_masked.yaml", {}, 200),
     "countdown-block": ("configs/pretrain/countdown_block.yaml", {}, 200),
 }
@@ -55,7 +55,8 @@ def make(name: str, extra_overrides: list[str] | None = None, reuse: bool = Fals
     task = get_task(cfg.task.name, **{**task_kwargs(cfg.task), **eval_args})
     train_task_args = task_kwargs(cfg.task)
     sampler = {"name": cfg.sampler.name, "steps": cfg.sampler.steps, "gen_length": cfg.sampler.gen_length,
-               "block_length": cfg.sampler.block_length, "temperature": 0.0}
+               "block_length": cfg.sampler.block_length,
+               "temperature": cfg.sampler.temperature if cfg.model.process == "uniform" else 0.0}
     result = evaluate(model, task, n=n, sampler=sampler, seed=0)
     target = ROOT / "checkpoints" / name
     if target.exists():
@@ -71,7 +72,7 @@ def make(name: str, extra_overrides: list[str] | None = None, reuse: bool = Fals
         f"- pretraining data: task `{cfg.task.name}` with args `{json.dumps(train_task_args)}`, "
         f"{cfg.data.n_train} examples; {cfg.train.steps} steps of batch {cfg.train.batch_size}",
         f"- pretraining wall time: {minutes:.1f} min on this project's 2-core CPU machine",
-        f"- held-out score (greedy, `{sampler['name']}` sampler, {sampler['steps']} steps): "
+        f"- held-out score (temperature {sampler['temperature']}, `{sampler['name']}` sampler, {sampler['steps']} steps): "
         f"accuracy {result['accuracy']:.3f}, mean reward {result['mean_reward']:.3f} on n={result['n']} "
         f"test examples of `{cfg.task.name}` with args `{json.dumps({**train_task_args, **eval_args})}`",
         "",
