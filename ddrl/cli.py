@@ -128,8 +128,11 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from ddrl.training.trainer import train
 
+    import os
+
     run_dir = train(args.config, args.overrides)
-    print(f"run directory: {run_dir}")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"run directory: {run_dir}")
     return 0
 
 

@@ -92,8 +92,7 @@ def masked_position_log_probs(model: Any, batch: RolloutBatch, positions: Tensor
     rows = torch.arange(b * k, device=ids.device)
     ids[rows, target] = model.mask_token_id
     logits = model(ids, attn).logits  # [B*K, T, V]
-    read_at = target - 1 if getattr(model, "logits_shifted", False) else target  # Dream predicts the next token
-    logits = logits[rows, read_at]  # [B*K, V]
+    logits = logits[rows, target]  # [B*K, V]; DiffusionLM already realigns Dream's shifted logits
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> float32; float64 stays
     if model.mask_token_id < logits.shape[-1]:
         logits[:, model.mask_token_id] = float("-inf")

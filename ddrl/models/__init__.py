@@ -39,16 +39,22 @@ def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
 
 
 def load_model(path: str | Path, *, device: torch.device | str | None = None,
-               dtype: torch.dtype | str | None = None) -> DiffusionLM:
+               dtype: torch.dtype | str | None = None, mask_token_id: int | None = None,
+               trust_remote_code: bool = True) -> DiffusionLM:
     """A saved model directory -> DiffusionLM: built-in (config.json model_type "ddrl_denoiser")
     or Hugging Face (LLaDA, Dream, SDAR, ... through ddrl.models.hf)."""
     directory = check_model_dir(path, weights=HF_WEIGHT_FILES)
     torch_dtype = resolve_dtype(dtype)
     if read_json(directory / CONFIG_FILE).get("model_type") == MODEL_TYPE:
-        return DiffusionLM.from_pretrained(directory, device=device, dtype=torch_dtype)
+        model = DiffusionLM.from_pretrained(directory, device=device, dtype=torch_dtype)
+        if mask_token_id is not None and mask_token_id != model.mask_token_id:
+            raise ValueError(f"model.mask_token_id={mask_token_id} differs from the built-in model's own "
+                             f"({model.mask_token_id}); leave model.mask_token_id unset for built-in models")
+        return model
     from ddrl.models import hf  # imports transformers: only for Hugging Face directories
 
-    return hf.load_hf_model(str(directory), device=device, dtype=torch_dtype)
+    return hf.load_hf_model(str(directory), device=device, dtype=torch_dtype, mask_token_id=mask_token_id,
+                            trust_remote_code=trust_remote_code)
 
 
 def default_process_spec(process: str, schedule: str, mask_token_id: int, block_size: int | None) -> dict[str, Any]:

@@ -98,7 +98,8 @@ class Trainer:
         if not self.cfg.model.path:
             raise ValueError("model.path is required for RL: point it at a pretrained model directory "
                              "(e.g. checkpoints/mini_sudoku-masked) or run `ddrl pretrain` first")
-        model = load_model(self.cfg.model.path)
+        model = load_model(self.cfg.model.path, dtype=self.cfg.model.dtype, mask_token_id=self.cfg.model.mask_token_id,
+                           trust_remote_code=self.cfg.model.trust_remote_code)
         if getattr(model, "mask_token_id", None) is None:
             raise ValueError(f"model {self.cfg.model.path!r} has no mask token; set model.mask_token_id")
         lora = self.cfg.model.lora

@@ -44,10 +44,12 @@ def overrides(model_dir, out, strategy: str, steps: int = 2) -> list[str]:
             f"task.name={__name__}:dense_mini_sudoku", f"dist.strategy={strategy}", f"output_dir={out}"]
 
 
-def torchrun(args: list[str]) -> None:
+def ddrl_train(args: list[str], processes: int) -> None:
+    """`ddrl train` in fresh processes (torchrun for 2), one thread each: the 1- and 2-process runs
+    then do the same arithmetic, and 2 cores are not oversubscribed."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "ddrl",
-           "train", str(ROOT / "configs/rl/grpo_mini_sudoku.yaml"), *args]
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
+    cmd = [sys.executable, *launcher, "-m", "ddrl", "train", str(ROOT / "configs/rl/grpo_mini_sudoku.yaml"), *args]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -63,15 +65,14 @@ def max_diff(a: dict, b: dict) -> float:
 
 @pytest.fixture(scope="module")
 def one_process_run(tiny_sudoku_model, tmp_path_factory):
-    from ddrl.training.trainer import train
-
     out = tmp_path_factory.mktemp("one-process")
-    return train(ROOT / "configs/rl/grpo_mini_sudoku.yaml", overrides(tiny_sudoku_model, out, "none", steps=3))
+    ddrl_train(overrides(tiny_sudoku_model, out, "none", steps=3), processes=1)
+    return out
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_train_like_one(strategy, tiny_sudoku_model, one_process_run, tmp_path):
-    torchrun(overrides(tiny_sudoku_model, tmp_path, strategy))
+    ddrl_train(overrides(tiny_sudoku_model, tmp_path, strategy), processes=2)
     reference = weights(one_process_run / "checkpoint-2")
     assert max_diff(reference, weights(tiny_sudoku_model)) > 1e-4, "the 1-process run did not move: test is void"
     assert max_diff(weights(tmp_path / "checkpoint-2"), reference) < 1e-5
@@ -85,10 +86,8 @@ def test_two_processes_train_like_one(strategy, tiny_sudoku_model, one_process_r
         # The sharded run's checkpoint is an ordinary model directory, and it resumes in one process
         # (optimizer state included) exactly like the uninterrupted 1-process run.
         from ddrl.models import load_model
-        from ddrl.training.trainer import train
 
         model = load_model(tmp_path / "checkpoint-2")
         assert model(torch.tensor([[3, 4, 5]])).logits.shape[-1] == model.vocab_size
-        train(ROOT / "configs/rl/grpo_mini_sudoku.yaml",
-              overrides(tiny_sudoku_model, tmp_path, "none", steps=3) + ["resume=true"])
+        ddrl_train(overrides(tiny_sudoku_model, tmp_path, "none", steps=3) + ["resume=true"], processes=1)
         assert max_diff(weights(tmp_path / "checkpoint-3"), weights(one_process_run / "checkpoint-3")) < 1e-5

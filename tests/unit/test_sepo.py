@@ -184,15 +184,6 @@ def test_positions_are_seeded_distinct_and_inside_the_completion():
     assert torch.equal(wide.mask, batch.completion_mask)
 
 
-def test_shifted_logits_read_the_previous_position():
-    plain = ExactJoint(length=2, seed=9)
-    shifted = ExactJoint(length=2, seed=9, shifted=True)
-    batch = batch_of([[0, 1], [2, 1]])
-    a = ESTIMATORS.get("concrete_score")(num_positions=2)(plain, batch, seed=0)
-    b = ESTIMATORS.get("concrete_score")(num_positions=2)(shifted, batch, seed=0)
-    torch.testing.assert_close(a.token_logp, b.token_logp)
-
-
 def test_on_a_transformer_with_padding():
     from tests.toy_models import ToyDiffusionLM
 

@@ -1,0 +1,204 @@
+"""LoRA on a DiffusionLM, through peft (Hu et al. 2021, "LoRA: Low-Rank Adaptation of LLMs").
+
+    model = apply_lora(model, LoraConfig(rank=16, alpha=32, target_modules=["q_proj", "v_proj"]))
+    with model.disable_adapter():      # the RL reference: the frozen base, no second copy of it
+        ref_logits = model(ids).logits
+    merge_and_save(model, "runs/x/merged")   # a plain model directory: W + (alpha / r) B A
+    save_adapter(model, "runs/x/adapter")     # the adapter alone, in peft's layout
+
+apply_lora wraps the backbone (`model.model`) in a peft PeftModel and keeps the DiffusionLM
+wrapper, so samplers, estimators and the trainer see the same object. Only the adapter's A and B
+matrices are trainable. The built-in Denoiser uses LLaMA's module names (q_proj, k_proj, v_proj,
+o_proj, gate_proj, up_proj, down_proj), so target lists written for Hugging Face models apply.
+
+A LoRA model's save_pretrained (so every trainer checkpoint) writes the *base* weights as a plain
+model directory plus the adapter in DIR/adapter/; load_model re-attaches it, so a checkpoint
+resumes and evaluates as it was trained. The base weights are written so that the directory stays
+self-contained; merge_and_save writes the deployable merged model instead.
+
+Merging is computed from a state dict (W + scale * B @ A per adapted linear layer), not by
+peft's in-place merge, so it neither modifies the training model nor needs unsharded modules:
+a sharded (FSDP2) run merges the gathered full state dict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from ddrl.models.diffusion_lm import ADAPTER_DIR, DiffusionLM, save_backbone
+
+__all__ = ["apply_lora", "save_adapter", "load_adapter", "merge_and_save", "split_lora_state", "is_lora"]
+
+ADAPTER = "default"  # the peft adapter name ddrl uses
+_PEFT_PREFIX = "base_model.model."  # what peft puts before the base model's parameter names
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def is_lora(model: Any) -> bool:
+    return hasattr(getattr(model, "model", None), "peft_config")
+
+
+def apply_lora(model: DiffusionLM, cfg: Any, *, seed: int = 0) -> DiffusionLM:
+    """Add a LoRA adapter (ddrl.config.LoraConfig: rank, alpha, dropout, target_modules) to the backbone.
+
+    Returns the same DiffusionLM, its backbone now a peft PeftModel whose base weights are frozen.
+    A is drawn as peft draws it (Kaiming-uniform, bound 1/sqrt(fan_in)) but from a generator seeded
+    with `seed` instead of the global RNG, so every process of a run starts from the same adapter;
+    B = 0, so the adapted model starts as the base model.
+    """
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    if is_lora(model):
+        raise ValueError("this model already has a LoRA adapter; apply_lora once")
+    if not isinstance(cfg.rank, int) or cfg.rank <= 0:
+        raise ValueError(f"model.lora.rank must be a positive integer to apply LoRA, got {cfg.rank!r}")
+    targets = list(cfg.target_modules or [])
+    linear_names = sorted({name.rsplit(".", 1)[-1] for name, m in model.model.named_modules()
+                           if isinstance(m, nn.Linear)})
+    missing = [t for t in targets if t not in linear_names]
+    if not targets or missing:
+        raise ValueError(f"model.lora.target_modules {targets} names no linear layer {missing or ''} of this "
+                         f"{type(model.model).__name__}; its linear layers are: {', '.join(linear_names)}")
+    peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
+                              bias="none")
+    model.model = get_peft_model(model.model, peft_cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.model.named_parameters():
+            if ".lora_A." in name:
+                bound = 1.0 / math.sqrt(p.shape[1])
+                p.copy_((torch.rand(p.shape, generator=g, dtype=torch.float32) * 2 - 1) * bound)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# State dicts: base part, adapter part, merged
+# --------------------------------------------------------------------------------------------
+
+
+def split_lora_state(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """A PeftModel's state dict -> (base weights under the base model's own names, LoRA tensors as given)."""
+    base, adapter = {}, {}
+    for key, value in state.items():
+        if ".lora_" in key:
+            adapter[key] = value
+            continue
+        name = key[len(_PEFT_PREFIX):] if key.startswith(_PEFT_PREFIX) else key
+        base[name.replace(".base_layer.", ".")] = value
+    return base, adapter
+
+
+def merged_state(peft_model: nn.Module, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Base weights with every LoRA update folded in: W + scale * B @ A (computed in float32)."""
+    base, adapter = split_lora_state(state)
+    suffix = f".lora_A.{ADAPTER}.weight"
+    inner = peft_model.get_base_model()
+    for key in adapter:
+        if not key.endswith(suffix):
+            continue
+        layer_name = key[len(_PEFT_PREFIX):-len(suffix)]
+        layer = inner.get_submodule(layer_name)
+        if getattr(layer, "use_dora", {}).get(ADAPTER, False):
+            raise ValueError(f"{layer_name} uses DoRA, which merge_and_save does not merge; merge with peft instead")
+        a = adapter[key].float()  # [r, in]
+        b = adapter[key.replace(".lora_A.", ".lora_B.")].float()  # [out, r]
+        delta = layer.scaling[ADAPTER] * (b @ a)  # [out, in]
+        if getattr(layer, "fan_in_fan_out", False):
+            delta = delta.T
+        w = base[f"{layer_name}.weight"]
+        base[f"{layer_name}.weight"] = (w.float() + delta.to(w.device)).to(w.dtype)
+    return base
+
+
+def save_adapted_backbone(peft_model: nn.Module, directory: Path, state: dict[str, Tensor] | None = None, *,
+                          merge: bool = False) -> None:
+    """Write a LoRA backbone: base weights + DIR/adapter/, or (merge=True) the merged weights only.
+
+    state: the PeftModel's full state dict (gathered under FSDP2); None = its own.
+    """
+    state = peft_model.state_dict() if state is None else state
+    inner = peft_model.get_base_model()
+    if merge:
+        save_backbone(inner, directory, merged_state(peft_model, state))
+        _drop_peft_config_keys(directory)
+        return
+    base, _ = split_lora_state(state)
+    save_backbone(inner, directory, base)
+    _drop_peft_config_keys(directory)
+    _write_adapter(peft_model, Path(directory) / ADAPTER_DIR, state)
+
+
+def _write_adapter(peft_model: nn.Module, directory: Path, state: dict[str, Tensor]) -> None:
+    from peft import get_peft_model_state_dict
+
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = get_peft_model_state_dict(peft_model, state_dict=state, adapter_name=ADAPTER)
+    weights = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
+    save_file(weights, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    peft_model.peft_config[ADAPTER].save_pretrained(str(directory))
+
+
+def _drop_peft_config_keys(directory: Path) -> None:
+    """Hugging Face's save of a model holding injected LoRA layers may record them; a base directory must not."""
+    path = Path(directory) / "config.json"
+    if path.is_file():
+        config = json.loads(path.read_text())
+        if config.pop("_hf_peft_config_loaded", None) is not None:
+            path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+# --------------------------------------------------------------------------------------------
+# Public save / load
+# --------------------------------------------------------------------------------------------
+
+
+def save_adapter(model: DiffusionLM, directory: str | Path, state_dict: dict[str, Tensor] | None = None) -> Path:
+    """The adapter alone (adapter_config.json + adapter_model.safetensors, peft's layout)."""
+    if not is_lora(model):
+        raise ValueError("this model has no LoRA adapter to save; apply one with apply_lora")
+    state = None
+    if state_dict is not None:
+        state = {k[len("model."):]: v for k, v in state_dict.items() if k.startswith("model.")}
+    directory = Path(directory)
+    _write_adapter(model.model, directory, model.model.state_dict() if state is None else state)
+    return directory
+
+
+def load_adapter(model: DiffusionLM, directory: str | Path, *, trainable: bool = True) -> DiffusionLM:
+    """Attach a saved adapter (save_adapter's or a checkpoint's adapter/) to a plain DiffusionLM."""
+    from peft import PeftModel
+
+    if is_lora(model):
+        raise ValueError("this model already has a LoRA adapter; load the adapter into the base model")
+    directory = Path(directory)
+    if not (directory / "adapter_config.json").is_file():
+        raise ValueError(f"{str(directory)!r} holds no adapter_config.json; pass a directory written by save_adapter")
+    model.model = PeftModel.from_pretrained(model.model, str(directory), adapter_name=ADAPTER,
+                                            is_trainable=trainable)
+    return model
+
+
+def merge_and_save(model: DiffusionLM, directory: str | Path, state_dict: dict[str, Tensor] | None = None) -> Path:
+    """Merge the adapter into the base weights and save a plain model directory (load_model reads it).
+
+    The training model is left as it was. state_dict: the gathered full state dict under FSDP2.
+    """
+    if not is_lora(model):
+        raise ValueError("this model has no LoRA adapter to merge; save it with model.save_pretrained")
+    model.save_pretrained(directory, state_dict=state_dict, merge_adapter=True)
+    return Path(directory)
+
+
+def trainable_parameter_count(model: nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for p in model.parameters() if p.requires_grad), total
+

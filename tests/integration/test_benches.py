@@ -1,0 +1,28 @@
+"""The scale benchmarks run at tiny size on the CPU, so they cannot rot."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+from tests.integration.conftest import ROOT
+
+
+def load_bench(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_8b_tiny_runs_on_cpu(capsys):
+    row = load_bench("bench_8b").main(["--tiny", "--device", "cpu", "--mode", "full", "--gradient-checkpointing"])
+    assert row["rollout_tok_s"] > 0 and row["rl_step_s"] > 0 and math.isfinite(row["loss"])
+    assert "| full | True |" in capsys.readouterr().out
+
+
+def test_bench_memory_tiny_runs_on_cpu(capsys):
+    rows = load_bench("bench_memory").main(["--tiny", "--only", "lora+gc", "--inline"])
+    assert [r["config"] for r in rows] == ["lora+gc"]
+    assert 0 < rows[0]["trainable_M"] < rows[0]["params_M"] and rows[0]["step_s"] > 0
+    assert "| lora+gc |" in capsys.readouterr().out
