@@ -351,7 +351,7 @@ def test_hugging_face_directories_go_to_the_hf_adapter(tmp_path, monkeypatch):
     (tmp_path / "model.safetensors.index.json").write_text("{}")
     calls = []
     fake = types.ModuleType("ddrl.models.hf")
-    fake.load_hf_model = lambda path, device=None, dtype=None: calls.append((path, device, dtype)) or "hf model"
+    fake.load_hf_model = lambda path, device=None, dtype=None, **kw: calls.append((path, device, dtype)) or "hf model"
     monkeypatch.setitem(sys.modules, "ddrl.models.hf", fake)
     monkeypatch.setattr("ddrl.models.hf", fake, raising=False)
     assert load_model(tmp_path, dtype="bfloat16") == "hf model"
