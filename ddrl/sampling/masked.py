@@ -169,8 +169,8 @@ class _FixedCountRule:
     def more_steps(self, step: int, masked: Tensor) -> bool:
         return step < self.steps_per_block
 
-    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise) -> Tensor:
-        return commit_top_k(confidence, self.counts[:, step])
+    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise, live: Tensor) -> Tensor:
+        return commit_top_k(confidence, self.counts[live, step])
 
     def step_time(self, step: int) -> float | None:
         return None
@@ -190,7 +190,7 @@ class _ThresholdRule:
     def more_steps(self, step: int, masked: Tensor) -> bool:
         return bool(masked.any())
 
-    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise) -> Tensor:
+    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise, live: Tensor) -> Tensor:
         return commit_above_threshold(confidence, masked, self.threshold)
 
     def step_time(self, step: int) -> float | None:
@@ -203,7 +203,7 @@ class _FactorRule(_ThresholdRule):
     def __init__(self, factor: float):
         self.factor = factor
 
-    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise) -> Tensor:
+    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise, live: Tensor) -> Tensor:
         return commit_by_factor(confidence, masked, self.factor)
 
 
@@ -222,7 +222,7 @@ class _EmergeRule:
     def more_steps(self, step: int, masked: Tensor) -> bool:
         return step < self.steps_per_block
 
-    def choose(self, step: int, confidence: Tensor | None, masked: Tensor, noise: RowNoise) -> Tensor:
+    def choose(self, step: int, confidence: Tensor | None, masked: Tensor, noise: RowNoise, live: Tensor) -> Tensor:
         T = self.steps_per_block
         if step == T - 1:  # k(1) is 0 only up to rounding (cos(pi/2) = 6e-17): fill explicitly
             return masked
@@ -246,7 +246,13 @@ class _ProbRecorder:
         self.blocks: list[tuple[Tensor, int, int, Tensor]] = []  # (rows, start, first step, [A, n, W])
         self.times: list[float | None] = []
 
-    def add_step(self, probs: Tensor, time: float | None) -> None:
+    def add_step(self, probs: Tensor, time: float | None, live: Tensor) -> None:
+        """probs [A', W, V] of the live rows ([A] bool); a row sitting the step out has its whole
+        block committed already, so its entries are replaced by the commit-step values later."""
+        if not bool(live.all()):
+            full = probs.new_full((live.shape[0], *probs.shape[1:]), float("nan"), dtype=torch.float32)
+            full[live] = probs.float()
+            probs = full
         self.buffer.append(probs.float())
         self.times.append(time)
 
@@ -313,15 +319,22 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule, settin
         rows = running.nonzero().squeeze(1)  # [A]
         if rows.numel() == 0:  # early exit: every row has its EOS
             break
-        noise = RowNoise(settings.generator, B, rows, device)
         rule.begin_block(completion[rows, start:end] == settings.mask_id)
         forward.begin_block(rows, start, end)
         first_step, step = nfe, 0
-        while rule.more_steps(step, completion[rows, start:end] == settings.mask_id):
-            logits = forward.block_logits(step, completion[rows])  # [A, W, V]
-            window, committed = _step(logits, completion[rows, start:end], rule, step, settings, noise, recorder)
-            completion[rows, start:end] = window
-            commit_step[rows, start:end] = torch.where(committed, nfe, commit_step[rows, start:end])
+        while rule.more_steps(step, masked := completion[rows, start:end] == settings.mask_id):
+            # Rows whose block is already full sit the step out (threshold decoding finishes rows at
+            # different steps); when none has a mask left (LLaDA's trailing no-op steps) all run.
+            live = masked.any(dim=1)  # [A]
+            if not live.any():
+                live = torch.ones_like(live)
+            sub = rows[live]  # [A']
+            noise = RowNoise(settings.generator, B, sub, device)  # draws for all B rows: the same numbers
+            logits = forward.block_logits(step, completion[rows], live)  # [A', W, V]
+            window, committed = _step(logits, completion[sub, start:end], rule, step, settings, noise, live,
+                                      recorder)
+            completion[sub, start:end] = window
+            commit_step[sub, start:end] = torch.where(committed, nfe, commit_step[sub, start:end])
             nfe, step = nfe + 1, step + 1
         if recorder is not None:
             recorder.close_block(rows, start, first_step, completion[rows, start:end])
@@ -333,9 +346,10 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule, settin
     return _Decoded(completion, trajectory, nfe, forward.forward_tokens)
 
 
-def _step(logits: Tensor, window: Tensor, rule, step: int, settings: _Settings, noise: RowNoise,
+def _step(logits: Tensor, window: Tensor, rule, step: int, settings: _Settings, noise: RowNoise, live: Tensor,
           recorder: _ProbRecorder | None) -> tuple[Tensor, Tensor]:
-    """The block's logits [A, W, V] and tokens [A, W] -> (new tokens [A, W], committed this step [A, W])."""
+    """The block's logits [A', W, V] and tokens [A', W] of the live rows (live: [A] bool over the
+    block's rows) -> (new tokens [A', W], committed this step [A', W])."""
     s = settings
     if not 0 <= s.mask_id < logits.shape[-1]:
         raise ValueError(f"mask_id={s.mask_id} is outside the model's vocabulary [0, {logits.shape[-1]}); "
@@ -352,9 +366,9 @@ def _step(logits: Tensor, window: Tensor, rule, step: int, settings: _Settings, 
         else:
             confidence = noise(masked.shape[1])
         confidence = confidence.masked_fill(~masked, float("-inf"))  # committed positions never move
-    committed = rule.choose(step, confidence, masked, noise) & masked
+    committed = rule.choose(step, confidence, masked, noise, live) & masked
     if recorder is not None:
-        recorder.add_step(probs, rule.step_time(step))
+        recorder.add_step(probs, rule.step_time(step), live)
     return torch.where(committed, x0, window), committed
 
 

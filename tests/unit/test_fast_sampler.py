@@ -46,9 +46,11 @@ def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def builtin(block_size: int | None = None, n_layers: int = 2, seed: int = 0, shifted: bool = False) -> DiffusionLM:
+def builtin(block_size: int | None = None, n_layers: int = 2, seed: int = 0, shifted: bool = False,
+            init_std: float = 0.02) -> DiffusionLM:
+    """A random built-in model; a larger init_std gives peaked (confident) predictions."""
     backbone = Denoiser(DenoiserConfig(vocab_size=V, d_model=32, n_layers=n_layers, n_heads=2, max_seq_len=96,
-                                       block_size=block_size), seed=seed)
+                                       block_size=block_size, init_std=init_std), seed=seed)
     return DiffusionLM(backbone, mask_token_id=MASK, pad_token_id=PAD, eos_token_id=EOS, vocab_size=V,
                        block_size=block_size, logits_shifted=shifted, suppress_mask_logit=True).eval()
 
@@ -154,10 +156,14 @@ def test_block_sampler_follows_the_training_block_convention_whatever_the_prompt
             torch.testing.assert_close(recorded.double(), expected, atol=1e-5, rtol=0)
 
 
-def test_block_cache_rows_are_independent_of_the_batch_and_of_left_padding():
-    model = builtin(block_size=4)
-    cfg = SamplerConfig(name="block", steps=16, gen_length=16, temperature=0.0, cache="auto", early_exit=False)
+@pytest.mark.parametrize("threshold", [None, 0.5])
+def test_block_cache_rows_are_independent_of_the_batch_and_of_left_padding(threshold):
+    model = Recorder(builtin(block_size=4, seed=1, init_std=0.4))
+    cfg = SamplerConfig(name="block", steps=16, gen_length=16, temperature=0.0, cache="auto", early_exit=False,
+                        threshold=threshold)
     batched = run(model, cfg, "block").completion_ids
+    if threshold is not None:  # rows whose block is full sit the remaining steps of the block out
+        assert min(rows for rows, _ in model.fed) < len(PROMPTS)
     for r, prompt in enumerate(PROMPTS):
         alone = run(model, cfg, "block", prompts=[prompt]).completion_ids
         assert torch.equal(alone[0], batched[r]), f"row {r}"
@@ -194,14 +200,18 @@ def test_a_fresh_cache_gives_the_full_forward_logits(dual, cfg_scale, shifted):
     cached.begin_block(rows, start, end)
     full = FullForward(model, ids, mask, **args)
     full.begin_block(rows, start, end)
+    every, some = torch.ones(len(PROMPTS), dtype=torch.bool), torch.tensor([True, False, True, False])
     with torch.no_grad():
-        reference = full.block_logits(0, completion)
-        first = cached.block_logits(0, completion)
-        second = cached.block_logits(1, completion)
+        reference = full.block_logits(0, completion, every)
+        first = cached.block_logits(0, completion, every)
+        second = cached.block_logits(1, completion, every)
+        third = cached.block_logits(2, completion, some)  # rows whose block is full sit a step out
     torch.testing.assert_close(first, reference, atol=1e-5, rtol=0)
     torch.testing.assert_close(second, reference, atol=1e-5, rtol=0)
-    fed = (len(PROMPTS) * (2 if cfg_scale else 1)) * ((end - start) if dual else (L - start))
-    assert cached.forward_tokens - full.forward_tokens == fed + len(PROMPTS) * (2 if cfg_scale else 1) * shifted
+    torch.testing.assert_close(third, reference[some], atol=1e-5, rtol=0)
+    rows = len(PROMPTS) * (2 if cfg_scale else 1)
+    fed = (end - start if dual else L - start) + shifted
+    assert cached.forward_tokens - full.forward_tokens == rows * fed + rows // 2 * fed
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
