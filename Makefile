@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest tests -x -q -p no:cacheprovider
+	# Tiny models gain nothing from threads, and torchrun tests start several processes: one thread each.
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -q -p no:cacheprovider --durations=15
 
 demo: $(STAMP)
 	$(VENV)/bin/ddrl demo
