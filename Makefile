@@ -20,7 +20,8 @@ test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests -q -p no:cacheprovider --durations=15
 
 demo: $(STAMP)
-	$(VENV)/bin/ddrl demo
+	# One BLAS thread: the tiny model gains little from two, and thread contention can cost 10x.
+	OMP_NUM_THREADS=1 $(VENV)/bin/ddrl demo
 
 checkpoints: $(STAMP)
 	$(PY) -m ddrl.training.make_checkpoints
