@@ -229,7 +229,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, dict) and isinstance(out.get(k), dict) and not k.endswith("args"):
             out[k] = _deep_merge(out[k], v)
         elif isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = {**out[k], **v}
+            out[k] = {**out[k], **v} if v else {}  # `method.estimator_args={}` clears the mapping
         else:
             out[k] = v
     return out

@@ -55,3 +55,10 @@ def test_one_line_method_switch():
 def test_objective_args_checked_against_the_objective():
     with pytest.raises(ConfigError, match="unknown key 'method.objective_args.epsilonn'"):
         load_config({"method": {"objective": "espo", "objective_args": {"epsilonn": 0.2}}}, cls=RLConfig)
+
+
+def test_empty_mapping_override_clears_args():
+    base = {"method": {"objective": "spg", "estimator_args": {"num_t": 2}}}
+    assert load_config(base, ["method.estimator_args.beta_eubo=1.0"], RLConfig).method.estimator_args == {
+        "num_t": 2, "beta_eubo": 1.0}
+    assert load_config(base, ["method.estimator_args={}"], RLConfig).method.estimator_args == {}
