@@ -70,7 +70,7 @@ def check_writable(directory: str | Path, need_mb: int = 50) -> Path:
     path = Path(directory)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-probe"
+        probe = path / f".write-probe-{os.getpid()}"  # per process: torchrun ranks probe at once
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
