@@ -116,7 +116,7 @@ def one_step(config: str, overrides: list[str]) -> tuple[dict[str, float], dict[
     return times, counter.tokens, n_params
 
 
-def main() -> None:
+def main(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs/rl/grpo_mini_sudoku.yaml"))
     p.add_argument("--model", help="model directory (default: a tiny 4x4 Sudoku model, pretrained if missing)")
@@ -125,7 +125,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     model = Path(args.model) if args.model else tiny_model(ROOT / "runs/bench/tiny-mini-sudoku")
@@ -175,6 +175,7 @@ def main() -> None:
     print(f"largest remaining cost (fast): {largest['phase']} ({100 * largest['share_of_step']:.0f}% of the step)")
     if args.json:
         print(json.dumps({"peak_flops": peak, "n_params": n_params, "rows": rows}))
+    return rows
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def variants(full: bool) -> list[Variant]:
         return out
     for cache in ("none", "dual"):
         tag = "" if cache == "none" else "dual+"
-        out += [Variant(f"{tag}t{t}", cache, threshold=t) for t in (0.95, 0.9, 0.8, 0.7)]
+        out += [Variant(f"{tag}t{t}", cache, threshold=t) for t in (0.99, 0.95, 0.9, 0.8, 0.7)]
         out += [Variant(f"{tag}factor{f}", cache, factor=f) for f in (1.0, 2.0)]
     out += [Variant("prefix+t0.9", "prefix", threshold=0.9)]
     return out
@@ -141,14 +141,15 @@ def bench_sudoku(args: argparse.Namespace) -> list[dict]:
     model = load_model(args.model or default_model_dir()).eval()
     task = get_task(args.task, min_empty=args.min_empty, max_empty=args.max_empty)
     cells = get_task(args.task, min_empty=args.min_empty, max_empty=args.max_empty, reward="partial")
-    examples = task.test_examples(n=args.n, seed=0)
+    examples = task.test_examples(n=args.n, seed=0)  # the same puzzles for every --seed
     L = task.gen_length
     block = args.block or (27 if L == 81 else L)
     batches = [encode_prompts(model.tokenizer, [ex["prompt"] for ex in examples[lo:lo + args.batch]])
                for lo in range(0, len(examples), args.batch)]
     base = SamplerConfig(name="masked", steps=L, gen_length=L, block_length=block, temperature=args.temperature,
                          early_exit=False)
-    results = compare(model, batches, base, variants(full=True), args.repeats)
+    chosen = [v for v in variants(full=True) if not args.only or v.label in ("reference", *args.only)]
+    results = compare(model, batches, base, chosen, args.repeats, seed=args.seed)
     columns = {c: [ex[c] for ex in examples] for c in ("puzzle", "solution")}
     extra = {}
     for label, r in results.items():
@@ -232,7 +233,7 @@ def bench_percall(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("which", choices=("sudoku", "random", "percall"))
     p.add_argument("--model", help="sudoku: model directory")
@@ -249,8 +250,10 @@ def main() -> None:
     p.add_argument("--n-layers", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0, help="sudoku: sampler generator seed (temperature > 0)")
+    p.add_argument("--only", nargs="*", help="sudoku: only these variants (labels; the reference is always run)")
     p.add_argument("--json", action="store_true", help="also print the rows as one JSON object")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.batch is None:
         args.batch = 64 if args.which == "sudoku" else 8
@@ -259,6 +262,7 @@ def main() -> None:
     rows = {"sudoku": bench_sudoku, "random": bench_random, "percall": bench_percall}[args.which](args)
     if args.json:
         print(json.dumps({"benchmark": args.which, "args": vars(args), "rows": rows}))
+    return rows
 
 
 if __name__ == "__main__":

@@ -37,14 +37,17 @@ token before the block: prompt or previous block), and the cache ends before tha
 **What a model must do for the cache** (the built-in Denoiser does all of it):
   * accept `past_key_values` and `use_cache=True` and return `.past_key_values`: per layer a
     (key, value) pair of [R, H, T, Dh] tensors, position order, keys already rotated (RoPE); a
-    Hugging Face Cache object with `to_legacy_cache()` / `from_legacy_cache()` also works
-    (the sampler slices the legacy tuples and rebuilds an object of the same class);
+    transformers DynamicCache also works (4.x: to/from_legacy_cache; 5.x: iterated per layer and
+    rebuilt with DynamicCache(ddp_cache_data=...)): the sampler slices the per-layer tensors and
+    hands the model a new object of the same class each call;
   * attend to the given past whenever it is passed (use_cache only asks for the cache back);
   * take a 2-D attention_mask [R, T_past + T_new] over (cached keys, new tokens) in the order the
     cache lists them, position_ids [R, T_new] for the new tokens, and, for block-causal models, a
     boolean [R, T_new, T_past + T_new] mask used as given.
 A model whose forward takes no past_key_values, or that returns none, is run without cache, with
 a one-time warning (cost, not samples, changes: "prefix"/"dual" then give the reference tokens).
+Through ddrl.models.hf this holds for the "native", "dream" and "block" attention modes (a tiny
+causal LLaMA is tested); LLaDA/MMaDA ("unpadded") and DiffusionGemma return no cache and fall back.
 """
 
 from __future__ import annotations
@@ -75,17 +78,24 @@ def cache_layers(past: Any) -> Layers | None:
     """The model's returned past_key_values -> per-layer (k, v) [R, H, T, Dh]; None when there is none."""
     if past is None:
         return None
-    if hasattr(past, "to_legacy_cache"):  # Hugging Face Cache objects (DynamicCache, ...)
+    if hasattr(past, "to_legacy_cache"):  # transformers 4 Cache objects
         past = past.to_legacy_cache()
-    layers = [(layer[0], layer[1]) for layer in past]
+    layers = [(layer[0], layer[1]) for layer in past]  # transformers 5 DynamicCache yields (k, v, sliding)
     return layers or None
 
 
 def as_model_cache(layers: Layers, like: Any) -> Any:
-    """Per-layer (k, v) -> the format the model returned (`like`): a list, or a rebuilt Cache object."""
+    """Per-layer (k, v) -> the format the model returned (`like`): a list, or a new Cache object of
+    like's class (transformers 4: from_legacy_cache; transformers 5: DynamicCache(ddp_cache_data=...)).
+    A new object every call: Hugging Face models append to the cache they are given."""
+    if like is None or isinstance(like, (list, tuple)):
+        return list(layers)
     if hasattr(like, "from_legacy_cache"):
         return type(like).from_legacy_cache(tuple(layers))
-    return list(layers)
+    if "ddp_cache_data" in inspect.signature(type(like).__init__).parameters:
+        return type(like)(ddp_cache_data=list(layers))
+    raise ValueError(f"cannot rebuild a {type(like).__name__} from per-layer keys/values; the KV cache needs a "
+                     f"list of (k, v), a transformers DynamicCache, or rollout.cache=none")
 
 
 def slice_layers(layers: Layers, lo: int, hi: int | None = None) -> Layers:

@@ -56,7 +56,9 @@ row whatever its prompt length, and the same holds for any sampler run on a bloc
 **Early exit** (registry samplers, rollout.early_exit): after a block is finished, a row whose
 completion so far contains model.eos_token_id has its remaining blocks filled with EOS and gets no
 further model calls; the loop stops when every row is done. Tokens up to a row's first EOS are the
-ones it would get without early exit (same noise, see (b)).
+ones it would get without early exit (same noise, see (b)). Within a block, a row whose block has
+no mask left sits out the block's remaining steps (threshold decoding finishes rows at different
+steps); its tokens cannot change, so this too changes cost only.
 
 **Trajectory** (return_trajectory=True), recorded from the logits already computed, no extra call:
   commit_step [B, L]  global 0-based step (model call) at which each completion position was

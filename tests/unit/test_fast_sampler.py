@@ -431,3 +431,45 @@ def test_hugging_face_cache_objects_are_sliced_and_rebuilt(block_size, cache):
     expected = run(plain, SamplerConfig(**base))
     out = run(CacheObjectModel(plain), SamplerConfig(**base))
     assert torch.equal(out.completion_ids, expected.completion_ids) and same_probs(out, expected)
+
+
+def test_hugging_face_dynamic_cache_through_the_hf_adapter():
+    # transformers' own DynamicCache, through HFDiffusionLM ("native" attention). The backbone is a
+    # causal LLaMA, for which the prefix cache is exact (a prefix never attends to later tokens), so
+    # the cached rollout must reproduce the uncached one.
+    transformers = pytest.importorskip("transformers")
+    from ddrl.models.hf import HFDiffusionLM
+
+    config = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)  # transformers initialises from the global RNG; the test only needs some weights
+    backbone = transformers.LlamaForCausalLM(config).eval()
+    model = HFDiffusionLM(backbone, mask_token_id=MASK, vocab_size=V, attention="native").eval()
+    base = dict(steps=16, gen_length=16, block_length=4, temperature=0.0, early_exit=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # transformers' past_key_values -> cache rename
+        expected = run(model, SamplerConfig(cache="none", **base))
+        out = run(model, SamplerConfig(cache="prefix", **base))
+    assert torch.equal(out.completion_ids, expected.completion_ids) and same_probs(out, expected, atol=1e-5)
+    assert out.forward_tokens < expected.forward_tokens
+
+
+def test_sampler_benchmark_runs_at_tiny_size(capsys):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "bench_sampler.py"
+    spec = importlib.util.spec_from_file_location("bench_sampler", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench_sampler"] = bench  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        sys.modules.pop("bench_sampler", None)
+    rows = bench.main(["random", "--gen", "16", "--block", "8", "--prompt", "8", "--d-model", "32", "--n-layers", "1",
+                       "--batch", "2", "--repeats", "1"])
+    by_name = {r["variant"]: r for r in rows}
+    assert by_name["dual"]["fed_tokens_vs_ref"] < by_name["prefix"]["fed_tokens_vs_ref"] < 1.0
+    assert by_name["block: exact cache"]["agree_with_ref"] == 1.0
+    assert "| dual |" in capsys.readouterr().out
