@@ -31,7 +31,7 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cfg-scale", dest="cfg_scale", type=float, help="classifier-free guidance weight")
     g.add_argument("--remasking", help="low_confidence | random")
     g.add_argument("--threshold", type=float, help="confidence-threshold parallel decoding")
-    g.add_argument("--cache", help="block KV cache: none | prefix | dual")
+    g.add_argument("--cache", help="KV cache: none | prefix | dual | auto")
 
 
 _SAMPLER_KEYS = ("name", "steps", "gen_length", "block_length", "temperature", "cfg_scale", "remasking",

@@ -66,7 +66,8 @@ class SamplerConfig:
     cfg_scale: float = 0.0  # classifier-free guidance weight (0 = off)
     remasking: str = "low_confidence"  # low_confidence | random
     threshold: float | None = None  # confidence-threshold parallel decoding (commit all above it)
-    cache: str = "none"  # block KV cache: none | prefix | dual (full attention) ; block-causal models are exact
+    cache: str = "auto"  # KV cache: none (reference) | prefix | dual (Fast-dLLM, approximate) | auto (exact cache on block-causal models, none elsewhere)
+    factor: float | None = None  # Fast-dLLM factor rule: commit the largest n with (n+1)(1-c_(n)) < factor
     early_exit: bool = True  # stop spending compute on sequences that already produced EOS
 
 
