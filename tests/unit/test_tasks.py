@@ -295,7 +295,7 @@ def test_math500_uses_boxed_solution_and_equivalent_forms(tmp_path):
 
 
 def test_parquet_files_load_when_pyarrow_is_installed(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist([{"question": f"q{i}", "answer": f"#### {i}"} for i in range(20)]),
