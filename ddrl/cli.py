@@ -179,8 +179,10 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     model.eval()
 
-    class _Len:  # default sizes without a task: 32 new tokens
+    class _Len:  # default size without a task: 32 new tokens, or what the context leaves
         gen_length = 32
+        if getattr(model, "max_seq_len", None):
+            gen_length = max(1, min(32, model.max_seq_len - len(model.tokenizer.encode(args.prompt)) - 1))
 
     cfg = default_sampler(model, _Len(), **{k: getattr(args, k) for k in _SAMPLER_KEYS})
     from ddrl.config import validate_sampler

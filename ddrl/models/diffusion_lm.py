@@ -142,6 +142,16 @@ class DiffusionLM(nn.Module):
         if hasattr(self.model, "gradient_checkpointing_disable"):
             self.model.gradient_checkpointing_disable()
 
+    @property
+    def max_seq_len(self) -> int | None:
+        """Longest prompt + completion the backbone accepts (None when it does not say)."""
+        config = getattr(self.model, "config", None)
+        for name in ("max_seq_len", "max_position_embeddings", "max_sequence_length"):
+            value = getattr(config, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, **kwargs: Any) -> DiffusionLMOutput:
         """input_ids [B, T] -> logits [B, T, V] aligned with the input positions.
 

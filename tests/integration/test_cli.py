@@ -1,0 +1,47 @@
+"""The command line a user (and the benchmarks) rely on: eval --json, sample, methods."""
+
+import json
+import subprocess
+import sys
+
+from tests.integration.conftest import ROOT
+
+
+def ddrl(*args):
+    return subprocess.run([sys.executable, "-m", "ddrl", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+
+
+def test_eval_json_prints_one_object(tiny_sudoku_model, tmp_path):
+    out = tmp_path / "rows.jsonl"
+    proc = ddrl("eval", "--model", tiny_sudoku_model, "--task", "mini_sudoku", "--n", 6, "--json", "--output", out)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"task", "n", "accuracy", "mean_reward"} <= set(result) and result["n"] == 6
+    assert 0.0 <= result["accuracy"] <= 1.0 and len(out.read_text().splitlines()) == 6
+
+
+def test_sample_fits_the_context_by_default(tiny_sudoku_model):
+    proc = ddrl("sample", "--model", tiny_sudoku_model, "--prompt", "1.3..2.....4.1.2", "--n", 2)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2 and all(set(line) <= set("1234.") for line in lines)
+
+
+def test_sample_with_gen_length_sizes_steps_and_blocks(tiny_sudoku_model):
+    proc = ddrl("sample", "--model", tiny_sudoku_model, "--prompt", "1.3..2.....4.1.2", "--gen-length", 16)
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.strip()) <= 16
+
+
+def test_methods_lists_every_objective_with_its_paper():
+    proc = ddrl("methods", "--json")
+    assert proc.returncode == 0, proc.stderr
+    names = {o["name"]: o for o in json.loads(proc.stdout)["objectives"]}
+    assert {"grpo", "espo", "spg", "stable_drl", "udm_grpo", "sepo", "gdsd", "maskgrpo", "dipod"} <= set(names)
+    assert "arXiv" in names["stable_drl"]["paper"]
+
+
+def test_prompt_longer_than_context_is_a_clear_error(tiny_sudoku_model):
+    proc = ddrl("sample", "--model", tiny_sudoku_model, "--prompt", "1" * 60)
+    assert proc.returncode == 2 and ("max_seq_len" in proc.stderr or "prompt" in proc.stderr), proc.stderr
