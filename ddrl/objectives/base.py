@@ -44,10 +44,14 @@ class Objective:
     default_advantage_clip: ClassVar[float | None] = None  # clamp advantages to ±this
     default_advantage_std: ClassVar[str] = "sample"  # zscore's std: sample | population
     needs_old: ClassVar[bool] = False  # uses the behaviour policy's estimate
-    needs_ref: ClassVar[bool] = False  # uses the reference model's estimate (properties where beta decides)
     needs_trajectory: ClassVar[bool] = False  # the sampler must record batch.trajectory
     fresh_masks: ClassVar[bool] = False  # a new estimator-mask seed for every pass (StableDRL)
     on_policy: ClassVar[bool] = False  # one update per rollout; old = sg(current) by construction
+
+    @property
+    def needs_ref(self) -> bool:
+        """Uses the reference model's estimate: exactly when the method has a KL weight beta > 0."""
+        return float(getattr(self, "beta", 0.0)) > 0
 
     def __post_init__(self) -> None:
         # YAML 1.1 reads 4e-4 as a string; objective_args arrive untyped, so numbers are fixed here.

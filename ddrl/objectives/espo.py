@@ -47,10 +47,6 @@ class ESPO(Objective):
     beta: float = 0.01  # k2 KL coefficient on the ELBO (the GSM8K recipe uses 1e-3)
     ratio_noise_std: float = 0.0  # stress test: std of Gaussian noise added to log ρ
 
-    @property
-    def needs_ref(self) -> bool:  # type: ignore[override]
-        return self.beta > 0
-
     def __call__(self, batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutput | None,
                  ref: EstimatorOutput | None, *, counts: AggregationCounts) -> LossOutput:
         valid = batch.reward_valid

@@ -50,10 +50,6 @@ class FPO(Objective):
     beta: float = 0.04  # k1 KL coefficient on the ELBO (0 = no reference pass)
     ratio_noise_std: float = 0.0  # stress test: std of Gaussian noise added to log ρ
 
-    @property
-    def needs_ref(self) -> bool:  # type: ignore[override]
-        return self.beta > 0
-
     def __call__(self, batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutput | None,
                  ref: EstimatorOutput | None, *, counts: AggregationCounts) -> LossOutput:
         valid = batch.reward_valid

@@ -48,10 +48,6 @@ class GDSD(Objective):
     epsilon: float = 4e-4  # trust region on the sequence log-ratio (released yaml; very tight, see above)
     beta: float = 1e-3  # k2 KL coefficient to the reference model (GSM8K; MATH 1e-4)
 
-    @property
-    def needs_ref(self) -> bool:  # type: ignore[override]
-        return self.beta > 0
-
     def __call__(self, batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutput | None,
                  ref: EstimatorOutput | None, *, counts: AggregationCounts) -> LossOutput:
         valid = batch.reward_valid

@@ -51,10 +51,6 @@ class UDMGRPO(Objective):
 
     beta: float = 0.05  # k3 KL coefficient on per-image mean log-probs (reference = frozen initial model)
 
-    @property
-    def needs_ref(self) -> bool:  # type: ignore[override]
-        return self.beta > 0
-
     def __call__(self, batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutput | None,
                  ref: EstimatorOutput | None, *, counts: AggregationCounts) -> LossOutput:
         valid = batch.reward_valid
