@@ -13,3 +13,16 @@ class CellAccuracySudoku(MiniSudokuTask):
 
 def make(**kwargs):
     return CellAccuracySudoku(**kwargs)
+
+
+class OnesSudoku(MiniSudokuTask):
+    """A reward any working policy gradient climbs fast: the fraction of completion cells that are '1'."""
+
+    name = "ones_sudoku"
+
+    def reward(self, completions, **columns):
+        return [c.count("1") / max(len(c), 1) for c in completions]
+
+
+def make_ones(**kwargs):
+    return OnesSudoku(**kwargs)
