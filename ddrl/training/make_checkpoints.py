@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # name -> (pretrain config, evaluation: task args for the held-out split it is scored on, n)
 SHIPPED = {
     "mini_sudoku-masked": ("configs/pretrain/mini_sudoku_masked.yaml", {"min_empty": 10, "max_empty": 12}, 256),
-    "sudoku-masked": ("configs/pretrain/sudoku_masked.yaml", {"min_empty": 30, "max_empty": 40}, 64),
+    "sudoku-masked": ("configs/pretrain/sudoku_masked.yaml", {"min_empty": 12, "max_empty": 16}, 64),
     "digits-uniform": ("configs/pretrain/digits_uniform.yaml", {}, 200),  # scored with its config's sampler (T=1)
     "digits-masked": ("configs/pretrain/digits_masked.yaml", {}, 200),
     "countdown-block": ("configs/pretrain/countdown_block.yaml", {}, 200),
