@@ -201,8 +201,9 @@ class Denoiser(nn.Module):
             raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
         B, T = input_ids.shape
         past_len = self._check_cache(past_key_values, B)
-        self._check_ids(input_ids, T + past_len)
+        self._check_ids(input_ids)
         mask, positions = self._attention(attention_mask, position_ids, B, T, past_len, input_ids.device)
+        self._check_length(positions)
 
         h = self.embed_tokens(input_ids)  # [B, T, D]
         cos, sin = self._rotary(positions, h.dtype)
@@ -232,12 +233,18 @@ class Denoiser(nn.Module):
             raise ValueError(f"past_key_values keys have shape {tuple(k.shape)}, expected [B, H, T_past, Dh] = {expected}")
         return k.shape[2]
 
-    def _check_ids(self, input_ids: Tensor, total_len: int) -> None:
-        if total_len > self.config.max_seq_len:
+    def _check_length(self, positions: Tensor) -> None:
+        # The limit is on the positions the tokens occupy, not on how many tokens are fed: the
+        # staircase ELBO feeds a clean and a noisy copy of the sequence at the same positions.
+        span = int(positions.max()) + 1 if positions.numel() else 0
+        if span > self.config.max_seq_len:
             raise ValueError(
-                f"sequence length {total_len} (cached + new tokens) exceeds max_seq_len={self.config.max_seq_len}; "
-                f"shorten the prompt or generation, or build the model with a larger max_seq_len"
+                f"sequence length {span} (cached + new tokens, by position) exceeds "
+                f"max_seq_len={self.config.max_seq_len}; shorten the prompt or generation, or build the model "
+                f"with a larger max_seq_len"
             )
+
+    def _check_ids(self, input_ids: Tensor) -> None:
         if ((input_ids < 0) | (input_ids >= self.config.vocab_size)).any():
             raise ValueError(
                 f"input_ids hold ids outside [0, vocab_size={self.config.vocab_size}) "

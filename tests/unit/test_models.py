@@ -356,3 +356,14 @@ def test_hugging_face_directories_go_to_the_hf_adapter(tmp_path, monkeypatch):
     monkeypatch.setattr("ddrl.models.hf", fake, raising=False)
     assert load_model(tmp_path, dtype="bfloat16") == "hf model"
     assert calls == [(str(tmp_path), None, torch.bfloat16)]
+
+
+def test_the_length_limit_counts_positions_not_fed_tokens():
+    """The staircase ELBO feeds a clean and a noisy copy at the same positions: 2x30 tokens fit 32."""
+    model = tiny()
+    ids = tokens(1, 30)
+    positions = torch.arange(30)[None]
+    out = model(torch.cat([ids, ids], 1), position_ids=torch.cat([positions, positions], 1))
+    assert out.logits.shape == (1, 60, 16)
+    with pytest.raises(ValueError, match=r"length 33 .* max_seq_len=32"):
+        model(tokens(1, 4), position_ids=torch.tensor([[29, 30, 31, 32]]))
