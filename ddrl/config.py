@@ -98,6 +98,9 @@ class TrainConfig:
     group_size: int = 8  # G, completions per prompt
     num_iterations: int = 1  # mu, inner updates on the same rollouts
     micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None = all
+    skip_uninformative: bool = True  # leave groups whose advantages are all 0 out of the old/ref/update passes
+    # when the method's loss has no term without A (beta = 0, no ELBO regulariser): same expected
+    # gradient, far less compute when most groups are all-right or all-wrong (one process only)
     lr: float = 1e-5  # peak learning rate
     lr_schedule: str = "constant"  # constant | cosine | linear (after warmup)
     warmup_steps: int = 0  # linear warmup steps

@@ -47,6 +47,9 @@ class Objective:
     needs_trajectory: ClassVar[bool] = False  # the sampler must record batch.trajectory
     fresh_masks: ClassVar[bool] = False  # a new estimator-mask seed for every pass (StableDRL)
     on_policy: ClassVar[bool] = False  # one update per rollout; old = sg(current) by construction
+    # Every loss term except the KL is multiplied by the row's advantage, so a group whose advantages
+    # are all 0 contributes no gradient when beta = 0 (the trainer may then skip it).
+    advantage_weighted: ClassVar[bool] = False
 
     @property
     def needs_ref(self) -> bool:

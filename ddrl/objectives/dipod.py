@@ -45,6 +45,8 @@ def add_elbo_regulariser(out: LossOutput, batch: RolloutBatch, new: EstimatorOut
 class ELBORegularised:
     """`objective` with DiPOD's + λ·mean(-ELBO_θ) term; every other attribute is the objective's."""
 
+    advantage_weighted = False  # the regulariser acts on every row, whatever its advantage
+
     def __init__(self, objective: Any, lam: float):
         self.objective = objective
         self.lam = float(lam)
@@ -79,6 +81,7 @@ class DiPOD(FPO):
     paper: ClassVar[str] = "DiPOD, Jiang et al., arXiv 2606.13795"
     formula: ClassVar[str] = "FPO loss + λ·mean_i(-ELBO_θ(x_i)) (on-policy ELBO regulariser)"
 
+    advantage_weighted: ClassVar[bool] = False  # the ELBO regulariser acts on every row
     elbo_reg: float = 0.05  # λ, weight of the on-policy ELBO regulariser (dipod_beta)
 
     def __call__(self, batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutput | None,

@@ -36,6 +36,7 @@ from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
 @OBJECTIVES.register("espo")
 @dataclass
 class ESPO(Objective):
+    advantage_weighted: ClassVar[bool] = True
     name: ClassVar[str] = "espo"
     paper: ClassVar[str] = "ESPO, Ou et al., arXiv 2512.03759"
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A), ρ = exp(ΔELBO/L), seq. mean; + β·½(ELBO_θ-ELBO_ref)²/L"

@@ -39,6 +39,7 @@ from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
 @OBJECTIVES.register("fpo")
 @dataclass
 class FPO(Objective):
+    advantage_weighted: ClassVar[bool] = True
     name: ClassVar[str] = "fpo"
     paper: ClassVar[str] = "DiPOD-FPO, Jiang et al., arXiv 2606.13795"
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A), ρ = exp(ELBO_θ - ELBO_old), seq. mean; + β·(ELBO_θ - ELBO_ref)"

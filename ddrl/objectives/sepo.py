@@ -35,6 +35,7 @@ from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
 @OBJECTIVES.register("sepo")
 @dataclass
 class SEPO(Objective):
+    advantage_weighted: ClassVar[bool] = True
     name: ClassVar[str] = "sepo"
     paper: ClassVar[str] = "SEPO, Zekri & Boullé, arXiv 2502.01384"
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A) per sample, ∇ via S = -Σ_y π̂(y) log s(x)_y; ρ via neighbours"

@@ -38,6 +38,7 @@ from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
 @OBJECTIVES.register("stable_drl")
 @dataclass
 class StableDRL(Objective):
+    advantage_weighted: ClassVar[bool] = True
     name: ClassVar[str] = "stable_drl"
     paper: ClassVar[str] = "StableDRL, Zhong et al., arXiv 2603.06743"
     formula: ClassVar[str] = "-Σ_group softmax(min(sg log ρ, log C))·A·ℓ^SPG, mean over groups; fresh masks"

@@ -41,6 +41,7 @@ def per_timestep_logp(out: EstimatorOutput) -> Tensor:
 @OBJECTIVES.register("udm_grpo")
 @dataclass
 class UDMGRPO(Objective):
+    advantage_weighted: ClassVar[bool] = True
     name: ClassVar[str] = "udm_grpo"
     paper: ClassVar[str] = "UDM-GRPO, Wang et al., arXiv 2604.18518"
     formula: ClassVar[str] = "Σ_t [-mean_b A·exp(lp-sg(lp)) + β·k3(ref,θ)], lp = per-image mean log p(x_0|x̃_t)"

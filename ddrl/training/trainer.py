@@ -21,7 +21,7 @@ import copy
 import math
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from tqdm.auto import tqdm
@@ -38,6 +38,9 @@ from ddrl.training.distributed import (DistInfo, GatheredModel, ModelHandle, all
 from ddrl.training.logging import MetricsLogger, plot_reward_curve
 from ddrl.sampling.base import SampleOutput
 from ddrl.types import EstimatorOutput, RolloutBatch, Trajectory
+
+if TYPE_CHECKING:
+    from ddrl.objectives.aggregation import AggregationCounts
 
 
 class NonFiniteError(RuntimeError):
@@ -163,11 +166,14 @@ class Trainer:
             self.score(batch)
         with clock("advantage"):
             self.advantages(batch)
-        old, ref = self.behaviour_passes(batch, step, clock)
+        counts = self.global_counts(batch)  # the loss normalisers always count the whole step
+        learn = self.informative_groups(batch)
+        old, ref = self.behaviour_passes(learn, step, clock)
         with clock("update"):
-            stats = self.update(batch, old, ref, step)
+            stats = self.update(learn, old, ref, step, counts)
         timings["step"] = sum(timings.values())
         metrics = self._rollout_metrics(batch)
+        metrics["update/rows_frac"] = len(learn) / max(len(batch), 1)
         metrics.update(stats)
         metrics.update({f"time/{k}": v for k, v in timings.items()})
         return reduce_mean_dict(metrics, self.dist, self.device)
@@ -263,15 +269,41 @@ class Trainer:
                         ref[k][j] = self.estimator(ref_model, mb, self._seed(batch, step, k, "ref")).detach()
         return old, ref
 
-    def update(self, batch: RolloutBatch, old: list, ref: list, step: int) -> dict[str, Any]:
+    def global_counts(self, batch: RolloutBatch) -> "AggregationCounts":
+        """Loss normalisers of the whole step: valid tokens, rows and groups over all processes."""
         from ddrl.objectives import AggregationCounts
 
-        t = self.cfg.train
         local = AggregationCounts.from_batch(batch, self.dist.world_size)  # rows with a valid reward
         totals = all_reduce_sum(torch.tensor([local.tokens, local.sequences, local.groups or 0.0],
                                              dtype=torch.float64, device=self.device), self.dist).tolist()
-        counts = AggregationCounts(tokens=totals[0], sequences=totals[1], world_size=self.dist.world_size,
-                                   groups=totals[2])
+        return AggregationCounts(tokens=totals[0], sequences=totals[1], world_size=self.dist.world_size,
+                                 groups=totals[2])
+
+    def informative_groups(self, batch: RolloutBatch) -> RolloutBatch:
+        """The groups that carry a gradient: those with a non-zero advantage, when every loss term of
+        the method is multiplied by A (no KL, no regulariser). With binary rewards most groups are
+        all-right or all-wrong, so this removes most of the old/ref/update compute. The losses are
+        still divided by the whole step's counts, so the gradient is the one the full batch gives
+        (exactly, for estimators without random masks; in distribution otherwise, since a row's
+        masks depend on its place in the batch). At least one group is kept: a step whose gradient
+        is zero still steps the optimizer, as it would have on the full batch. One process only:
+        with DDP every rank must run the same number of backward passes."""
+        obj = self.objective
+        if (not self.cfg.train.skip_uninformative or self.dist.world_size > 1
+                or not getattr(obj, "advantage_weighted", False) or float(getattr(obj, "beta", 0.0)) != 0.0):
+            return batch
+        groups = batch.group_ids
+        n_groups = int(groups.max()) + 1
+        signal = torch.zeros(n_groups, device=groups.device).index_add(0, groups, (batch.advantages != 0).float())
+        keep = signal[groups] > 0  # [B]
+        if not keep.any():
+            keep = groups == groups[0]
+        if keep.all():
+            return batch
+        return batch.index(keep.nonzero().squeeze(1))
+
+    def update(self, batch: RolloutBatch, old: list, ref: list, step: int, counts: "AggregationCounts") -> dict[str, Any]:
+        t = self.cfg.train
         sums: dict[str, float] = {}
         for k in range(t.num_iterations):
             self.opt.zero_grad(set_to_none=True)

@@ -26,3 +26,20 @@ class OnesSudoku(MiniSudokuTask):
 
 def make_ones(**kwargs):
     return OnesSudoku(**kwargs)
+
+
+class ManyOnesSudoku(MiniSudokuTask):
+    """A binary reward that splits groups: 1 when the completion holds at least `k` '1' cells."""
+
+    name = "many_ones_sudoku"
+
+    def __init__(self, k: int = 4, **kwargs):
+        super().__init__(**kwargs)
+        self.k = k
+
+    def reward(self, completions, **columns):
+        return [float(c.count("1") >= self.k) for c in completions]
+
+
+def make_many_ones(**kwargs):
+    return ManyOnesSudoku(**kwargs)

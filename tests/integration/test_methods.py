@@ -31,3 +31,33 @@ def test_method_trains_a_few_steps(method, tiny_sudoku_model, tmp_path):
     assert _moved(tiny_sudoku_model, run / "checkpoint-2") > 0, "parameters did not change"
     assert (run / "config.yaml").exists() and (run / "reward_curve.png").exists()
     assert "eval/accuracy" in rows[-1]
+
+
+@pytest.mark.parametrize("objective", ["grpo", "stable_drl"])
+def test_skipping_zero_advantage_groups_keeps_the_update(objective, tiny_sudoku_model, tmp_path):
+    """Groups whose advantages are all 0 are left out of the passes; the parameters are the same.
+
+    grpo's mean-field estimate has no random masks (prompt masking off), so skipping must give the
+    same parameters up to float summation order; stable_drl draws masks per row, so only the
+    bookkeeping (fraction of rows kept, finite loss) is checked for it.
+    """
+    runs = {}
+    for skip in (True, False):
+        runs[skip] = train(ROOT / f"configs/rl/{objective}_mini_sudoku.yaml", [
+            *rl_overrides(tiny_sudoku_model, tmp_path / str(skip), steps=3),
+            "task.name=tests.integration.dense_task:make_many_ones", "task.args={k: 2}",
+            "train.prompts_per_step=6", "train.group_size=4", "train.lr=1e-3",
+            "method.estimator_args={p_mask_prompt: 0.0}" if objective == "grpo" else "method.estimator_args={}",
+            "method.objective_args={beta: 0.0}" if objective == "grpo" else "method.objective_args={}",
+            f"train.skip_uninformative={str(skip).lower()}", "eval.before=false"])
+    rows = {s: [json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+            for s, r in runs.items()}
+    kept = [r["update/rows_frac"] for r in rows[True] if r["advantage/abs_mean"] > 0]
+    assert all(r["update/rows_frac"] == 1.0 for r in rows[False])
+    assert any(0 < f < 1 for f in kept), f"no step had both informative and uninformative groups: {kept}"
+    assert all(math.isfinite(r["loss"]) for r in rows[True])
+    if objective == "grpo":
+        for a, b in zip(rows[True], rows[False]):
+            assert a["reward/mean"] == b["reward/mean"]  # same rollouts: the updates so far agree
+        assert _moved(runs[True] / "checkpoint-3", runs[False] / "checkpoint-3") < 1e-5
+        assert _moved(tiny_sudoku_model, runs[True] / "checkpoint-3") > 1e-4  # and they did learn
