@@ -36,13 +36,13 @@ from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
 @OBJECTIVES.register("espo")
 @dataclass
 class ESPO(Objective):
-    advantage_weighted: ClassVar[bool] = True
     name: ClassVar[str] = "espo"
     paper: ClassVar[str] = "ESPO, Ou et al., arXiv 2512.03759"
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A), ρ = exp(ΔELBO/L), seq. mean; + β·½(ELBO_θ-ELBO_ref)²/L"
     default_estimator: ClassVar[str] = "coupled_elbo"
     default_advantage: ClassVar[str] = "loo"
     needs_old: ClassVar[bool] = True
+    advantage_weighted: ClassVar[bool] = True
 
     epsilon: float = 0.2  # clip range ε on the length-normalised sequence ratio
     beta: float = 0.01  # k2 KL coefficient on the ELBO (the GSM8K recipe uses 1e-3)

@@ -39,13 +39,13 @@ from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
 @OBJECTIVES.register("fpo")
 @dataclass
 class FPO(Objective):
-    advantage_weighted: ClassVar[bool] = True
     name: ClassVar[str] = "fpo"
     paper: ClassVar[str] = "DiPOD-FPO, Jiang et al., arXiv 2606.13795"
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A), ρ = exp(ELBO_θ - ELBO_old), seq. mean; + β·(ELBO_θ - ELBO_ref)"
     default_estimator: ClassVar[str] = "fpo_elbo"
     default_advantage: ClassVar[str] = "mean"
     needs_old: ClassVar[bool] = True
+    advantage_weighted: ClassVar[bool] = True
 
     epsilon: float = 0.5  # clip range ε on the (unnormalised) sequence ratio
     beta: float = 0.04  # k1 KL coefficient on the ELBO (0 = no reference pass)

@@ -50,11 +50,11 @@ class TokenPPO(Objective):
     token_weights: bool = False  # multiply each token's surrogate by batch.extras["dps_weights"] (DACA)
     ratio_noise_std: float = 0.0  # stress test: std of Gaussian noise added to log ρ ("exploding weights")
 
-    advantage_weighted: ClassVar[bool] = True
     needs_old: ClassVar[bool] = True
     kl_against: ClassVar[str] = "ref"  # "ref": KL to the reference model; "old": to the behaviour policy
     kl_aggregation: ClassVar[str | None] = None  # None = same as `aggregation`
     estimator_needs_trajectory: ClassVar[bool] = False  # the default estimator reads batch.trajectory
+    advantage_weighted: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -35,13 +35,13 @@ from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
 @OBJECTIVES.register("sepo")
 @dataclass
 class SEPO(Objective):
-    advantage_weighted: ClassVar[bool] = True
     name: ClassVar[str] = "sepo"
     paper: ClassVar[str] = "SEPO, Zekri & Boullé, arXiv 2502.01384"
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A) per sample, ∇ via S = -Σ_y π̂(y) log s(x)_y; ρ via neighbours"
     default_estimator: ClassVar[str] = "concrete_score"
     default_advantage: ClassVar[str] = "zscore"
     needs_old: ClassVar[bool] = True
+    advantage_weighted: ClassVar[bool] = True
 
     epsilon: float = 0.2  # clip range ε, applied per sample
 

@@ -50,12 +50,12 @@ def check_variant(variant: str) -> None:
 @OBJECTIVES.register("spg")
 @dataclass
 class SPG(Objective):
-    advantage_weighted: ClassVar[bool] = True
     name: ClassVar[str] = "spg"
     paper: ClassVar[str] = "SPG, Wang et al., arXiv 2510.09541"
     formula: ClassVar[str] = "Σ -A·ℓ^SPG·len/Σlen, ℓ^SPG = ELBO (A>0) or ω·EUBO+(1-ω)·ELBO (A<=0)"
     default_estimator: ClassVar[str] = "spg"
     default_advantage: ClassVar[str] = "mean"
+    advantage_weighted: ClassVar[bool] = True
 
     omega: float = 0.5  # EUBO weight ω in the negative-advantage mixture
     variant: str = "mix"  # mix | elbo | eubo

@@ -38,7 +38,6 @@ from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
 @OBJECTIVES.register("stable_drl")
 @dataclass
 class StableDRL(Objective):
-    advantage_weighted: ClassVar[bool] = True
     name: ClassVar[str] = "stable_drl"
     paper: ClassVar[str] = "StableDRL, Zhong et al., arXiv 2603.06743"
     formula: ClassVar[str] = "-Σ_group softmax(min(sg log ρ, log C))·A·ℓ^SPG, mean over groups; fresh masks"
@@ -46,6 +45,7 @@ class StableDRL(Objective):
     default_advantage: ClassVar[str] = "mean"
     needs_old: ClassVar[bool] = True
     fresh_masks: ClassVar[bool] = True
+    advantage_weighted: ClassVar[bool] = True
 
     clip_ratio: float = 5.0  # C: importance weights are clipped to min(ρ, C) before self-normalisation
     omega: float = 0.5  # EUBO weight ω in SPG's negative-advantage mixture

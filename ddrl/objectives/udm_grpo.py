@@ -41,7 +41,6 @@ def per_timestep_logp(out: EstimatorOutput) -> Tensor:
 @OBJECTIVES.register("udm_grpo")
 @dataclass
 class UDMGRPO(Objective):
-    advantage_weighted: ClassVar[bool] = True
     name: ClassVar[str] = "udm_grpo"
     paper: ClassVar[str] = "UDM-GRPO, Wang et al., arXiv 2604.18518"
     formula: ClassVar[str] = "Σ_t [-mean_b A·exp(lp-sg(lp)) + β·k3(ref,θ)], lp = per-image mean log p(x_0|x̃_t)"
@@ -49,6 +48,7 @@ class UDMGRPO(Objective):
     default_advantage: ClassVar[str] = "zscore"
     default_advantage_clip: ClassVar[float | None] = 5.0
     on_policy: ClassVar[bool] = True
+    advantage_weighted: ClassVar[bool] = True
 
     beta: float = 0.05  # k3 KL coefficient on per-image mean log-probs (reference = frozen initial model)
 

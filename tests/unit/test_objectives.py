@@ -586,3 +586,21 @@ def test_registry_and_describe_methods():
         OBJECTIVES.get("stable-drl")
     with pytest.raises(ValueError, match="aggregation"):
         objective("grpo", aggregation="mean")
+
+
+def test_which_objectives_are_advantage_weighted():
+    """Only these have a loss term that does not scale with A, so the trainer never skips their groups."""
+    assert [n for n in ALL_OBJECTIVES if not OBJECTIVES.get(n).advantage_weighted] == ["wd1", "dipod", "gdsd", "gdsd_tlc"]
+
+
+@pytest.mark.parametrize("name", [n for n in ALL_OBJECTIVES if OBJECTIVES.get(n).advantage_weighted])
+def test_advantage_weighted_objectives_give_no_gradient_to_zero_advantage_groups(name):
+    """The trainer skips all-zero-advantage groups for objectives that declare `advantage_weighted`:
+    with beta = 0 those rows must carry no gradient at all, whatever the ratios and estimates."""
+    obj = objective(name, **({"beta": 0.0} if hasattr(OBJECTIVES.get(name), "beta") else {}))
+    batch, theta, outputs, old, ref = random_step(seed=5)
+    batch.advantages[:3] = 0.0  # group 0: all right or all wrong
+    out = obj(batch, outputs(theta), old, ref, counts=counts_of(batch))
+    out.loss.backward()
+    assert theta.grad[:3].abs().max().item() == 0.0
+    assert theta.grad[3:].abs().max().item() > 0.0
