@@ -332,7 +332,9 @@ def load_config(source: str | Path | dict[str, Any] | None, overrides: list[str]
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
-    data = _deep_merge(_apply_aliases(data), _apply_aliases(parse_overrides(overrides)))
+    data = _apply_aliases(data)
+    for item in overrides or []:  # one at a time, in order: `x_args={}` then `x_args.k=v` clears, then sets
+        data = _deep_merge(data, _apply_aliases(parse_overrides([item])))
     cfg = _build(cls, data)
     validate(cfg)
     return cfg
@@ -436,5 +438,6 @@ def _check_args(component: Any, args: dict[str, Any], key: str) -> None:
         if k not in valid:
             raise ConfigError(
                 f"unknown key '{key}.{k}' for {getattr(component, 'name', component.__name__)}; "
-                f"valid keys: {', '.join(sorted(valid)) or '(none)'}"
+                f"valid keys: {', '.join(sorted(valid)) or '(none)'}. If the config's {key} were written for "
+                f"another method, clear them first: {key}={{}}"
             )

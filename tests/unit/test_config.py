@@ -62,3 +62,13 @@ def test_empty_mapping_override_clears_args():
     assert load_config(base, ["method.estimator_args.beta_eubo=1.0"], RLConfig).method.estimator_args == {
         "num_t": 2, "beta_eubo": 1.0}
     assert load_config(base, ["method.estimator_args={}"], RLConfig).method.estimator_args == {}
+
+
+def test_overrides_apply_in_order_so_an_args_mapping_can_be_cleared_then_set():
+    base = {"method": {"objective": "stable_drl", "estimator_args": {"num_t": 2}}}
+    cfg = load_config(base, ["objective=tracerl", "method.estimator_args={}", "method.estimator_args.shrink=4"])
+    assert cfg.method.estimator_args == {"shrink": 4}
+    cfg = load_config(base, ["method.estimator_args.shrink=4", "method.estimator_args={}"])
+    assert cfg.method.estimator_args == {}
+    cfg = load_config(base, ["method.estimator_args.p_mask_prompt=0.1"])
+    assert cfg.method.estimator_args == {"num_t": 2, "p_mask_prompt": 0.1}
