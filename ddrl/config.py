@@ -95,6 +95,7 @@ class MethodConfig:
 class TrainConfig:
     steps: int = 100  # RL steps (rollout batches)
     prompts_per_step: int = 8  # distinct prompts per step (across all processes)
+    prompt_pool: int | None = None  # cycle through the first N training prompts (None = new prompts every step)
     group_size: int = 8  # G, completions per prompt
     num_iterations: int = 1  # mu, inner updates on the same rollouts
     micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None = all
@@ -125,6 +126,7 @@ class EvalConfig:
     temperature: float = 0.0  # sampler temperature at evaluation (0 = greedy)
     steps: int | None = None  # sampler steps at evaluation; None = the rollout's
     samples_to_log: int = 4  # completions written to samples.jsonl per evaluation
+    split: str = "test"  # test | train (with train.prompt_pool: the prompts RL trains on, for n <= pool)
     before: bool = True  # evaluate the base model before training
 
 
@@ -423,6 +425,9 @@ def validate(cfg: Any) -> None:
             if getattr(t, name) <= 0:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
         _choice(t.lr_schedule, ("constant", "cosine", "linear"), "train.lr_schedule")
+        if t.prompt_pool is not None and t.prompt_pool < 1:
+            raise ConfigError(f"train.prompt_pool must be >= 1 (or null for new prompts every step), got {t.prompt_pool}")
+        _choice(cfg.eval.split, ("test", "train"), "eval.split")
         _choice(cfg.dist.strategy, ("auto", "none", "ddp", "fsdp"), "dist.strategy")
     if isinstance(cfg, PretrainConfig):
         _choice(cfg.train.lr_schedule, ("constant", "cosine", "linear"), "train.lr_schedule")

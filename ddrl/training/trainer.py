@@ -342,6 +342,8 @@ class Trainer:
         Examples are generated lazily in chunks: a task's train_examples(n) is a prefix of
         train_examples(m) for n < m, so growing the pool never changes an earlier example.
         """
+        if self.cfg.train.prompt_pool:
+            index %= self.cfg.train.prompt_pool
         if index >= len(self.pool) and not self._pool_complete:
             want = (index // 256 + 1) * 256
             self.pool = self.task.train_examples(n=want, seed=self.cfg.seed)
@@ -402,7 +404,7 @@ class Trainer:
         samples_path = self.run_dir / "eval" / f"step-{step}.jsonl" if self.dist.is_main else None
         with gathered_parameters(self.model):  # FSDP2: ranks make different numbers of model calls
             result = evaluate(self.model, self.task, n=e.n, sampler=sampler, seed=self.cfg.seed,
-                              output_jsonl=samples_path)
+                              output_jsonl=samples_path, split=e.split)
         self.eval_history.append({"step": step, **{k: result[k] for k in ("accuracy", "mean_reward")}})
         if self.dist.is_main and samples_path is not None and e.samples_to_log:
             lines = samples_path.read_text().splitlines()[: e.samples_to_log]

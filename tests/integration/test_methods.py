@@ -61,3 +61,19 @@ def test_skipping_zero_advantage_groups_keeps_the_update(objective, tiny_sudoku_
             assert a["reward/mean"] == b["reward/mean"]  # same rollouts: the updates so far agree
         assert _moved(runs[True] / "checkpoint-3", runs[False] / "checkpoint-3") < 1e-5
         assert _moved(tiny_sudoku_model, runs[True] / "checkpoint-3") > 1e-4  # and they did learn
+
+
+def test_prompt_pool_cycles_the_first_prompts_and_eval_can_score_them(tiny_sudoku_model, tmp_path):
+    """train.prompt_pool=N trains on the first N training prompts again and again; eval.split=train
+    scores those same prompts (the 'can RL fit what it saw' check in docs/methods.md)."""
+    from ddrl.config import RLConfig, load_config
+    from ddrl.training.trainer import Trainer
+
+    overrides = [*rl_overrides(tiny_sudoku_model, tmp_path, steps=2), "train.prompt_pool=2", "eval.split=train",
+                 "eval.n=2", "eval.every=2", "eval.before=false"]
+    trainer = Trainer(load_config(ROOT / "configs/rl/grpo_mini_sudoku.yaml", overrides, RLConfig))
+    prompts = [trainer.example(i)["prompt"] for i in range(6)]
+    assert prompts[0] != prompts[1] and prompts == prompts[:2] * 3
+    run = trainer.run()
+    scored = [json.loads(line)["prompt"] for line in (run / "eval" / "step-2.jsonl").read_text().splitlines()]
+    assert scored == prompts[:2]

@@ -72,3 +72,12 @@ def test_overrides_apply_in_order_so_an_args_mapping_can_be_cleared_then_set():
     assert cfg.method.estimator_args == {}
     cfg = load_config(base, ["method.estimator_args.p_mask_prompt=0.1"])
     assert cfg.method.estimator_args == {"num_t": 2, "p_mask_prompt": 0.1}
+
+
+def test_prompt_pool_and_eval_split_are_checked():
+    with pytest.raises(ConfigError, match="train.prompt_pool"):
+        load_config(None, ["train.prompt_pool=0"])
+    with pytest.raises(ConfigError, match="eval.split"):
+        load_config(None, ["eval.split=heldout"])
+    cfg = load_config(None, ["train.prompt_pool=64", "eval.split=train"])
+    assert cfg.train.prompt_pool == 64 and cfg.eval.split == "train"
