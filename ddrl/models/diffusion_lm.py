@@ -24,9 +24,9 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor, nn
 
-from ddrl.models.io import CONFIG_FILE, ModelDirectoryError, atomic_directory, check_model_dir, read_json, write_json
+from ddrl.models.io import CONFIG_FILE, atomic_directory, check_model_dir, read_json, write_json
 from ddrl.models.tokenizer import TOKENIZER_FILE, SymbolTokenizer
-from ddrl.models.transformer import MODEL_TYPE, Denoiser
+from ddrl.models.transformer import Denoiser
 
 # Logit given to the mask token when it is suppressed. Finite on purpose: -inf makes p * log p
 # (entropies, full-vocabulary KLs) NaN. exp(-1e4) is exactly 0 in float32/bfloat16, and dividing
@@ -220,13 +220,8 @@ class DiffusionLM(nn.Module):
                         dtype: torch.dtype | None = None) -> "DiffusionLM":
         """Load a built-in model directory (use ddrl.load_model for Hugging Face ones)."""
         path = check_model_dir(directory)
+        backbone = Denoiser.from_pretrained(path, device=device, dtype=dtype)  # checks the model type
         config = read_json(path / CONFIG_FILE)
-        if config.get("model_type") != MODEL_TYPE:
-            raise ModelDirectoryError(
-                f"{str(path)!r} holds a {config.get('model_type')!r} model, not a built-in {MODEL_TYPE!r}; "
-                f"load it with ddrl.load_model"
-            )
-        backbone = Denoiser.from_pretrained(path, device=device, dtype=dtype)
         tokenizer = SymbolTokenizer.from_pretrained(path) if (path / TOKENIZER_FILE).is_file() else None
         saved = config.get("ddrl", {})
         model = cls(backbone, tokenizer, **{k: saved[k] for k in _SAVED_FIELDS if k in saved})

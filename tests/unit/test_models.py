@@ -367,3 +367,13 @@ def test_the_length_limit_counts_positions_not_fed_tokens():
     assert out.logits.shape == (1, 60, 16)
     with pytest.raises(ValueError, match=r"length 33 .* max_seq_len=32"):
         model(tokens(1, 4), position_ids=torch.tensor([[29, 30, 31, 32]]))
+
+
+def test_builtin_loader_refuses_a_foreign_model_directory(tmp_path):
+    from ddrl.models.diffusion_lm import DiffusionLM
+    from ddrl.models.io import ModelDirectoryError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llada"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelDirectoryError, match="'llada' model, not a built-in.*ddrl.load_model"):
+        DiffusionLM.from_pretrained(tmp_path)
