@@ -45,3 +45,16 @@ def test_methods_lists_every_objective_with_its_paper():
 def test_prompt_longer_than_context_is_a_clear_error(tiny_sudoku_model):
     proc = ddrl("sample", "--model", tiny_sudoku_model, "--prompt", "1" * 60)
     assert proc.returncode == 2 and ("max_seq_len" in proc.stderr or "prompt" in proc.stderr), proc.stderr
+
+
+def test_demo_runs_end_to_end_on_the_shipped_model(tmp_path):
+    """`ddrl demo` in miniature: shipped model, one RL step, both held-out scores, table, curve."""
+    proc = ddrl("demo", "--steps", 1, "--eval-n", 16, "--output-dir", tmp_path / "demo")
+    assert proc.returncode == 0, proc.stderr
+    table = [line for line in proc.stdout.splitlines() if line.strip().startswith(("before RL", "after 1 steps"))]
+    assert len(table) == 2 and all(line.count("%") == 2 for line in table), proc.stdout
+    # the converged base: nearly every held-out puzzle solved with the 16-step reference sampler
+    assert float(table[0].split()[-1].rstrip("%")) >= 90.0, proc.stdout
+    assert (tmp_path / "demo" / "reward_curve.png").stat().st_size > 0
+    steps = [json.loads(line)["step"] for line in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1]  # the base model's evaluation is logged at step 0
