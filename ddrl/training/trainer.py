@@ -133,8 +133,8 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def run(self) -> Path:
         t, e = self.cfg.train, self.cfg.eval
-        if e.before and self.step == 0:
-            self.logger.log(0, self._evaluate(0))  # step 0 = the base model, so curves start from it
+        if e.before and self.step == 0 and (base := self._evaluate(0)):
+            self.logger.log(0, base)  # step 0 = the model before RL, so curves start from it
         bar = tqdm(total=t.steps, initial=self.step, desc=f"{self.cfg.method.objective} on {self.task.name}",
                    disable=not (t.progress and self.dist.is_main), dynamic_ncols=True)
         while self.step < t.steps:
