@@ -81,7 +81,7 @@ def run_demo(task: str = "mini_sudoku", method: str | None = None, steps: int | 
     width = [max(len(r[i]) for r in rows) for i in range(len(header))]
     print()
     for r in rows:
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, width)))
+        print(("  " + "  ".join(c.ljust(w) for c, w in zip(r, width))).rstrip())
     print(f"\n  wall time {elapsed / 60:.1f} min; run directory {run_dir}")
     print(f"  reward curve: {run_dir / 'reward_curve.png'}; metrics: {run_dir / 'metrics.jsonl'}")
     return {"before": before, "after": after, "run_dir": str(run_dir), "seconds": elapsed,
