@@ -86,7 +86,8 @@ def plot_reward_curve(metrics_path: Path, out_png: Path, title: str = "reward") 
     pts = [(r["step"], r["reward/mean"]) for r in rows if r.get("reward/mean") is not None]
     if pts:
         ax.plot(*zip(*pts), label="reward/mean (rollouts)", alpha=0.8)
-    ev = [(r["step"], r["eval/accuracy"]) for r in rows if r.get("eval/accuracy") is not None]
+    ev = [(0, r["eval_before/accuracy"]) for r in rows[:1] if r.get("eval_before/accuracy") is not None]
+    ev += [(r["step"], r["eval/accuracy"]) for r in rows if r.get("eval/accuracy") is not None]
     if ev:
         ax.plot(*zip(*ev), "o-", label="eval/accuracy (held-out, greedy)")
     ax.set_xlabel("RL step")

@@ -133,18 +133,22 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def run(self) -> Path:
         t, e = self.cfg.train, self.cfg.eval
-        if e.before and self.step == 0 and (base := self._evaluate(0)):
-            self.logger.log(0, base)  # step 0 = the model before RL, so curves start from it
+        # The model before RL: its scores ride on the first logged row (every row is a training step).
+        before = ({f"eval_before/{k.split('/')[1]}": v for k, v in self._evaluate(0).items()}
+                  if e.before and self.step == 0 else {})
         bar = tqdm(total=t.steps, initial=self.step, desc=f"{self.cfg.method.objective} on {self.task.name}",
                    disable=not (t.progress and self.dist.is_main), dynamic_ncols=True)
         while self.step < t.steps:
             self.step += 1
             metrics = self.train_step(self.step)
+            logged = self.step % t.log_every == 0 or self.step == t.steps
+            if logged:
+                metrics, before = {**metrics, **before}, {}
             if e.every and self.step % e.every == 0 and self.step != t.steps:
                 metrics.update(self._evaluate(self.step))
             if self.step == t.steps:
                 metrics.update(self._evaluate(self.step))
-            row = self.logger.log(self.step, metrics) if self.step % t.log_every == 0 or self.step == t.steps else metrics
+            row = self.logger.log(self.step, metrics) if logged else metrics
             bar.update(1)
             bar.set_postfix(reward=f"{row.get('reward/mean') or 0:.3f}", step_s=f"{row.get('time/step') or 0:.1f}",
                             acc=self._last_accuracy())
