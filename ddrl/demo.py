@@ -62,13 +62,13 @@ def run_demo(task: str = "mini_sudoku", method: str | None = None, steps: int | 
           f"held-out n={cfg.eval.n} (greedy)")
     start = time.perf_counter()
     trainer = Trainer(cfg)
-    few_step = cfg.model.process != "uniform" and (cfg.eval.steps or cfg.rollout.steps) < cfg.rollout.gen_length
+    steps = cfg.eval.steps or cfg.rollout.steps  # sampler steps of the held-out score
+    few_step = cfg.model.process != "uniform" and steps < cfg.rollout.gen_length
     reference_before = reference_score(trainer) if few_step else None
     run_dir = trainer.run()
     elapsed = time.perf_counter() - start
     history = trainer.eval_history
     before, after = history[0], history[-1]
-    steps = cfg.eval.steps or cfg.rollout.steps
     header = ["", f"{metric}" + (f" ({steps} step{'s' * (steps > 1)})" if few_step else ""), "mean reward"]
     rows = [["before RL", f"{before['accuracy']:.1%}", f"{before['mean_reward']:.3f}"],
             [f"after {cfg.train.steps} steps", f"{after['accuracy']:.1%}", f"{after['mean_reward']:.3f}"]]
