@@ -29,6 +29,11 @@ Weights π̂: exact (`snis_samples=0`, free: they come from the same logits), or
 SNIS with M neighbour values per position drawn from the model's own detached conditional
 (`snis_samples=M`; proposal = target, so the self-normalised weights are count/M).
 
+`states="trace"` conditions each probed cell on the state in which the sampler committed it (the
+cells committed at the same or a later step are masked too), the states TraceRL trains: the identity
+above then holds for log p_θ(x^i | that state), whose sum over cells is the log-likelihood of the
+decoding path. For few-step decoding this is the policy actually sampled (docs/methods.md).
+
 Deviation from the released code: it feeds the clean sequence to a time-conditioned MDLM at
 t ≈ 1/128, reads its normalised logits as scores, and estimates π(y) for all L·d neighbours with an
 M-sample SNIS (≈ L·d·M extra forward passes). For an LLM-style masked denoiser the output at a visible
@@ -79,10 +84,13 @@ def pick_positions(completion_mask: Tensor, k: int, generator: torch.Generator) 
     return positions, valid
 
 
-def masked_position_log_probs(model: Any, batch: RolloutBatch, positions: Tensor) -> Tensor:
+def masked_position_log_probs(model: Any, batch: RolloutBatch, positions: Tensor,
+                              commit_step: Tensor | None = None) -> Tensor:
     """log p_θ(· | x^{-i}, c) at each probed completion position i, one masked position per row.
 
     positions [B, K] (completion indices) -> [B, K, V] log-probs, at least float32 (mask token excluded).
+    commit_step [B, L] (the rollout's trajectory): condition instead on the sampler's state when i was
+    committed -- i and every cell committed at the same or a later step (or never) masked too.
     """
     b, k = positions.shape
     prompt_len = batch.prompt_ids.shape[1]
@@ -90,6 +98,11 @@ def masked_position_log_probs(model: Any, batch: RolloutBatch, positions: Tensor
     attn = batch.attention_mask.repeat_interleave(k, dim=0)
     target = prompt_len + positions.reshape(-1)  # [B*K] absolute positions
     rows = torch.arange(b * k, device=ids.device)
+    if commit_step is not None:
+        order = commit_step.to(ids.device).repeat_interleave(k, dim=0)  # [B*K, L]
+        own = order.gather(1, positions.reshape(-1, 1))  # [B*K, 1]; -1 (no record): only i is masked
+        later = ((order >= own) | (order < 0)) & (own >= 0)
+        ids[:, prompt_len:] = torch.where(later, model.mask_token_id, ids[:, prompt_len:])
     ids[rows, target] = model.mask_token_id
     logits = model(ids, attn).logits  # [B*K, T, V]
     logits = logits[rows, target]  # [B*K, V]; DiffusionLM already realigns Dream's shifted logits
@@ -123,12 +136,24 @@ class ConcreteScore:
 
     num_positions: int = 4  # positions probed per sequence (each one masked alone in its own forward row)
     snis_samples: int = 0  # M: 0 = exact neighbour weights; M > 0 = SEPO's SNIS with M draws per position
+    states: str = "single"  # single: only the probed cell masked (SEPO's Hamming-1 scores); trace: the
+    # sampler's state when the cell was committed (later cells masked too), for few-step decoding
+
+    def __post_init__(self) -> None:
+        if self.states not in ("single", "trace"):
+            raise ValueError(f"concrete_score: states must be 'single' or 'trace', got {self.states!r}")
+        self.needs_trajectory = self.states == "trace"  # type: ignore[misc]
 
     def __call__(self, model: Any, batch: RolloutBatch, seed: int) -> EstimatorOutput:
         generator = generator_from_seed(seed)
         completion_mask = batch.completion_mask.bool()
         positions, valid = pick_positions(completion_mask, self.num_positions, generator)  # [B, K]
-        log_probs = masked_position_log_probs(model, batch, positions)  # [B, K, V]
+        commit_step = None
+        if self.states == "trace":
+            if batch.trajectory is None:
+                raise ValueError("concrete_score with states='trace' needs the rollout's trajectory")
+            commit_step = batch.trajectory.commit_step
+        log_probs = masked_position_log_probs(model, batch, positions, commit_step)  # [B, K, V]
         tokens = batch.completion_ids.gather(1, positions)  # [B, K]
         token_lp = log_probs.gather(-1, tokens[..., None]).squeeze(-1)  # [B, K] = -logsumexp_v log s
         log_scores = log_probs - token_lp[..., None]  # [B, K, V], log s(x)_{i,v}; 0 at v = x^i

@@ -202,3 +202,30 @@ def test_on_a_transformer_with_padding():
     loss = OBJECTIVES.get("sepo")()(batch, out, old.detach(), None, counts=AggregationCounts.from_batch(batch)).loss
     loss.backward()
     assert sum(p.grad.abs().sum() for p in model.parameters() if p.grad is not None) > 0
+
+
+def test_trace_states_score_the_decoding_path_like_the_trace_estimator():
+    """states='trace': each cell is scored in the state the sampler committed it from, so the log-probs are
+    the trace estimator's exactly and the surrogate's gradient is that of log p(x^i | that state)."""
+    from ddrl.types import Trajectory
+
+    model = ExactJoint(length=3, seed=5)
+    batch = batch_of([[0, 2, 1], [1, 1, 0], [2, 0, 2]])
+    commit = torch.tensor([[0, 1, 1], [1, 0, 0], [0, 0, 1]])  # two decoding steps, several cells per step
+    batch.trajectory = Trajectory(commit_step=commit, token_probs=torch.rand(3, 2, 3))
+    estimator = ESTIMATORS.get("concrete_score")(num_positions=3, states="trace")
+    assert estimator.needs_trajectory
+    out = estimator(model, batch, seed=0)
+    trace = ESTIMATORS.get("trace")()(model, batch, seed=0)
+    assert out.mask.all()
+    torch.testing.assert_close(out.token_logp, trace.token_logp, atol=1e-6, rtol=0, check_dtype=False)
+    single = ESTIMATORS.get("concrete_score")(num_positions=3)(model, batch, seed=0)
+    assert (single.token_logp - out.token_logp).abs().max() > 1e-3  # the single-cell states differ
+    for r in range(3):
+        for i in range(3):
+            torch.testing.assert_close(grad_of(out.extras["score_surrogate"][r, i], model),
+                                       grad_of(trace.token_logp[r, i], model), atol=1e-6, rtol=0, check_dtype=False)
+    with pytest.raises(ValueError, match="trajectory"):
+        estimator(model, batch_of([[0, 1, 2]]), seed=0)
+    with pytest.raises(ValueError, match="states"):
+        ESTIMATORS.get("concrete_score")(states="all")
