@@ -1,0 +1,203 @@
+"""What every native family (LLaDA, MMaDA's LLaDA backbone, Dream, SDAR/TraDo) implements, and the
+pieces they share.
+
+ddrl keeps its own model code for the dLLM families, as vLLM, SGLang and torchtune do: the hub
+directories ship remote code written for one old transformers release each (LLaDA's never calls
+post_init, Dream's needs ROPE_INIT_FUNCTIONS['default'], SDAR imports flash_attn and LossKwargs),
+so no single transformers version runs them all. A native family reads the official checkpoint
+directory (config.json with the authors' field names, safetensors shards with their weight
+names) and runs no code from it.
+
+**The backbone contract** (the built-in ddrl.models.transformer.Denoiser keeps the same one, so
+the samplers' caches and the estimators treat every backbone alike):
+
+    out = backbone(input_ids, attention_mask=None, position_ids=None, past_key_values=None,
+                   use_cache=False, logits_to_keep=None)
+    out.logits           [B, T, V]   (or [B, K, V] for the K positions of logits_to_keep)
+    out.past_key_values  per layer (k, v) [B, H_kv, T_past + T, Dh], keys already rotated, when use_cache
+    out.hidden_states    [B, T, D]   after the final norm (what lm_head reads)
+
+  * attention_mask: None (every key); [B, T_past + T] padding mask (1 = real) over (cached keys,
+    new tokens); or a boolean [B, (1,) T, T_past + T] mask used exactly as given (True = attend).
+  * position_ids [B, T]; default: counted over real tokens (cumsum - 1 of the 2-D mask), so a
+    left-padded row gets the logits of the unpadded one (padding invariance). With a cache and no
+    mask: T_past + arange(T).
+  * A block-causal family (SDAR) given only a 2-D mask builds ddrl.processes.block's layout itself.
+  * `layers` is the nn.ModuleList of transformer blocks (FSDP2 units, activation checkpointing),
+    `lm_head(hidden)` the output projection applied separately by callers that score few positions.
+
+A family module registers its class with `@NATIVE_FAMILIES.register("llada")`; the class has
+`from_pretrained(directory, *, device=None, dtype=None)` and `save_pretrained(directory,
+state_dict=None)` writing the same official layout back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from ddrl.models.io import ModelDirectoryError
+from ddrl.registry import Registry
+
+NATIVE_FAMILIES = Registry("native model family")
+
+KVCache = list[tuple[Tensor, Tensor]]  # per layer (k, v), each [B, H_kv, T, Dh]
+
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+_SHARD_BYTES = 5 * 1024**3  # the hub's usual shard size
+
+
+@dataclass
+class BackboneOutput:
+    logits: Tensor  # [B, T, V] (or [B, K, V] with logits_to_keep)
+    past_key_values: KVCache | None = None  # per layer (k, v) [B, H_kv, T_past + T, Dh] when use_cache
+    hidden_states: Tensor | None = None  # [B, T, D] after the final norm
+
+
+# --------------------------------------------------------------------------------------------
+# Weights on disk: single or sharded safetensors, as the hub writes them
+# --------------------------------------------------------------------------------------------
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of a checkpoint directory (the index's shards, or model.safetensors)."""
+    index = directory / SAFETENSORS_INDEX
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (directory / s).is_file()]
+        if missing:
+            raise ModelDirectoryError(f"{str(directory)!r}: {SAFETENSORS_INDEX} names shards that are not there: "
+                                      f"{missing}; copy the whole checkpoint directory")
+        return [directory / s for s in shards]
+    if (directory / SAFETENSORS_FILE).is_file():
+        return [directory / SAFETENSORS_FILE]
+    raise ModelDirectoryError(f"{str(directory)!r} has no {SAFETENSORS_FILE} or {SAFETENSORS_INDEX}; native families "
+                              f"read safetensors weights (convert a pytorch_model.bin with safetensors first)")
+
+
+def read_weights(directory: Path) -> dict[str, Tensor]:
+    """Every tensor of the checkpoint, keyed by the authors' weight names."""
+    state: dict[str, Tensor] = {}
+    for file in weight_files(directory):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                state[name] = f.get_tensor(name)
+    return state
+
+
+def write_weights(directory: Path, state: dict[str, Tensor], *, shard_bytes: int = _SHARD_BYTES) -> None:
+    """Write `state` as model.safetensors, or as hub-style shards + index when it is larger than shard_bytes."""
+    state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    total = sum(v.numel() * v.element_size() for v in state.values())
+    if total <= shard_bytes:
+        save_file(state, str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
+        return
+    shards: list[dict[str, Tensor]] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(directory / file), metadata={"format": "pt"})
+        weight_map.update({name: file for name in shard})
+    (directory / SAFETENSORS_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                                          indent=2))
+
+
+def check_weight_names(directory: Path, family: str, got: set[str], expected: set[str]) -> None:
+    """A checkpoint whose weight names are not its family's fails before anything is built."""
+    if got == expected:
+        return
+    missing, unexpected = sorted(expected - got), sorted(got - expected)
+    raise ModelDirectoryError(
+        f"the weights in {str(directory)!r} are not a {family} checkpoint's: missing {missing[:5]}"
+        f"{' ...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}. "
+        f"Check config.json's model_type/architectures (they chose {family!r}) or pass a {family} checkpoint")
+
+
+# --------------------------------------------------------------------------------------------
+# Attention masks and positions
+# --------------------------------------------------------------------------------------------
+
+
+def positions_from_mask(valid: Tensor) -> Tensor:
+    """[B, T] bool -> [B, T] positions counting real tokens only (left padding shifts nothing)."""
+    return (valid.long().cumsum(1) - 1).clamp(min=0)
+
+
+def attention_inputs(attention_mask: Tensor | None, position_ids: Tensor | None, B: int, T: int, past_len: int,
+                     device: torch.device) -> tuple[Tensor | None, Tensor | None, Tensor]:
+    """The forward's mask arguments -> (explicit boolean [B, 1, T, T_keys] mask or None,
+    key validity [B, T_keys] or None, query positions [B, T]).
+
+    A bidirectional family attends `valid` keys; a block family combines `valid` with its block
+    layout. Rows whose query sees no key attend everything (their output is padding, never read;
+    an empty softmax would give NaN that leaks through 0 * NaN).
+    """
+    T_keys = past_len + T
+    explicit = valid = None
+    key_pos = torch.arange(T_keys, device=device).expand(B, T_keys)
+    if attention_mask is not None and attention_mask.dim() == 2:
+        if tuple(attention_mask.shape) != (B, T_keys):
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected [B, T_past + T] = "
+                             f"{(B, T_keys)}")
+        valid = attention_mask.bool()
+        key_pos = positions_from_mask(valid)
+    elif attention_mask is not None and attention_mask.dim() in (3, 4):
+        explicit = attention_mask if attention_mask.dim() == 4 else attention_mask[:, None]
+        if explicit.dtype != torch.bool or explicit.shape[0] != B or tuple(explicit.shape[-2:]) != (T, T_keys):
+            raise ValueError(f"a 3-D/4-D attention_mask must be boolean [B, (1,) T, T_past + T] = [{B}, {T}, {T_keys}], "
+                             f"got {attention_mask.dtype} {tuple(attention_mask.shape)}")
+    elif attention_mask is not None:
+        raise ValueError(f"attention_mask must be 2-D, 3-D or 4-D, got shape {tuple(attention_mask.shape)}")
+    if position_ids is not None:
+        if tuple(position_ids.shape) not in ((B, T), (1, T)):
+            raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}, expected [B, T] = {(B, T)}")
+        query_pos = position_ids.to(device).expand(B, T)
+    else:
+        query_pos = key_pos[:, past_len:]
+    return explicit, valid, query_pos
+
+
+def finish_mask(allowed: Tensor | None) -> Tensor | None:
+    """A boolean [B, 1, T, T_keys] mask with every empty query row opened (see attention_inputs)."""
+    return None if allowed is None else allowed | ~allowed.any(dim=-1, keepdim=True)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def check_past(past_key_values: KVCache | None, n_layers: int, batch: int) -> int:
+    """Length of the cached prefix (0 without one); a cache of the wrong shape is an error naming it."""
+    if not past_key_values:
+        return 0
+    if len(past_key_values) != n_layers:
+        raise ValueError(f"past_key_values has {len(past_key_values)} layers, the model has {n_layers}; "
+                         f"pass the cache this model returned with use_cache=True")
+    k = past_key_values[0][0]
+    if k.dim() != 4 or k.shape[0] != batch:
+        raise ValueError(f"past_key_values keys must be [B={batch}, H_kv, T_past, Dh], got {tuple(k.shape)}")
+    return int(k.shape[2])
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise ModelDirectoryError(f"{str(directory)!r} has no config.json; pass a checkpoint directory")
+    return json.loads(path.read_text())
