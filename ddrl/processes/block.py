@@ -9,11 +9,18 @@ So each block b has its own time t_b, and the NELBO is a sum of per-block MDLM N
 
 with w(t) = -alpha'(t) / (1 - alpha(t)) (= 1/t, linear schedule).
 
-Block ids (our convention, used by every function here): completion position j is in block
-j // block_size; every prompt token is in block -1, i.e. the prompt is one block before the
-completion that all completion blocks see, and prompt tokens see each other bidirectionally.
-Padding keys are never attended. A block model's own block-causal attention must use the same
-convention for training and sampling to agree.
+**The block layout** (one source of truth: `block_ids` here; the block sampler, every estimator,
+block pretraining and the built-in and native block models all call it). It is the layout SDAR's
+own `block_diffusion_generate` samples with (JetAstra/SDAR generate.py): blocks are counted from the
+first real token of the sequence, prompt included, so
+
+    block(token) = position(token) // block_size,   position = index among the row's real tokens
+
+and a query attends a key iff block(key) <= block(query) and the key is not padding: block-causal
+inside the prompt too, bidirectional inside a block. When the prompt length is not a multiple of
+block_size, the completion's first block also holds the prompt's last tokens. Left padding shifts
+nothing (positions count real tokens). (TraDo's RL trainer, dLLM-RL rl_sdar.py, instead aligns the
+completion's blocks to the prompt end; ddrl follows the sampler the checkpoints are decoded with.)
 
 Staircase (dual-stream) attention, one forward pass for all blocks (BD3-LM's vectorised training;
 StableDRL Fig. 3). Input = [clean sequence (T tokens), noisy sequence (T tokens)], the noisy copy
@@ -42,7 +49,6 @@ from ddrl.processes.masked import MaskedProcess, _per_token_loss
 from ddrl.processes.schedules import Schedule
 from ddrl.registry import PROCESSES
 
-PROMPT_BLOCK = -1  # block id of every prompt (and left-padding) token
 
 
 @PROCESSES.register("block")
@@ -90,23 +96,19 @@ class BlockMaskedProcess(MaskedProcess):
                       num_tokens: float | Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """BD3-LM pretraining loss per eligible token, all blocks in one staircase forward pass.
 
-        x0: [B, T]; eligible: [B, T] bool, the completion (blocks start at each row's first
-        eligible position; earlier positions form the prompt block); attention_mask: [B, T] bool or
-        None. The model must accept a [B, 2T, 2T] bool attention_mask and position_ids [B, 2T].
+        x0: [B, T]; eligible: [B, T] bool, the tokens to denoise (the completion); blocks follow the
+        module's layout (position // block_size); attention_mask: [B, T] bool or None. The model must accept a [B, 2T, 2T] bool attention_mask and position_ids [B, 2T].
         """
         check_tokens(x0)
         eligible = check_eligible(eligible, x0)
         B, T = x0.shape
-        has_any = eligible.any(dim=1)
-        start = torch.where(has_any, eligible.int().argmax(dim=1), torch.full_like(has_any, T, dtype=torch.long))
-        rel = torch.arange(T, device=x0.device)[None, :] - start[:, None]  # [B, T], < 0 on the prompt
-        block_ids = torch.where(rel >= 0, rel.div(self.block_size, rounding_mode="floor"), PROMPT_BLOCK)
-        t_blocks = self.sample_t(B, generator=generator, device=x0.device, eps=eps,
-                                 length=max(T - int(start.min()), 1))  # [B, n_blocks]
-        t_tok = t_blocks.gather(1, block_ids.clamp(min=0))  # [B, T]; prompt entries unused
-        xt, noised = self.noise(x0, t_tok, generator=generator, eligible=eligible)
         key_valid = torch.ones_like(eligible) if attention_mask is None else attention_mask.bool()
-        logits = _staircase_noisy_logits(model, x0, xt, block_ids, key_valid)  # [B, T, V]
+        blocks = block_ids(key_valid, self.block_size)  # [B, T] (module doc: the one block layout)
+        # One t per block of the row, indexed by block id; the prompt's blocks draw one too, unused.
+        t_blocks = self.sample_t(B, generator=generator, device=x0.device, eps=eps, length=T)  # [B, ceil(T / bs)]
+        t_tok = t_blocks.gather(1, blocks)  # [B, T]
+        xt, noised = self.noise(x0, t_tok, generator=generator, eligible=eligible)
+        logits = _staircase_noisy_logits(model, x0, xt, blocks, key_valid)  # [B, T, V]
         nelbo = self.nelbo(logits, x0, noised, t_tok)
         return _per_token_loss(nelbo, eligible, noised, num_tokens)
 
@@ -121,20 +123,40 @@ def position_ids_from_mask(key_valid: Tensor) -> Tensor:
     return (key_valid.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
-def block_causal_mask(block_ids: Tensor, key_valid: Tensor) -> Tensor:
+def block_ids(key_valid: Tensor, block_size: int) -> Tensor:
+    """[B, T] bool (True = real token) -> [B, T] block of every token: position // block_size (module doc)."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    return position_ids_from_mask(key_valid).div(block_size, rounding_mode="floor")
+
+
+def completion_blocks(prompt_mask: Tensor, length: int, block_size: int) -> Tensor:
+    """[B, L] index of each completion token's block, counted from the completion's first block
+    (0 = the block that may also hold the prompt's last tokens)."""
+    n_prompt = prompt_mask.long().sum(dim=1, keepdim=True)  # [B, 1]
+    j = torch.arange(length, device=prompt_mask.device)[None, :]
+    return (n_prompt + j).div(block_size, rounding_mode="floor") - n_prompt.div(block_size, rounding_mode="floor")
+
+
+def block_causal_mask(blocks: Tensor, key_valid: Tensor) -> Tensor:
     """[B, T, T] bool (True = may attend): q sees k iff b(k) <= b(q) and k is not padding.
 
     The diagonal is always allowed so that a padding query has a non-empty softmax row (its output
     is never read, but a NaN there would leak into real tokens through 0 * NaN in the next layer).
     """
-    bq, bk = block_ids[:, :, None], block_ids[:, None, :]
-    eye = torch.eye(block_ids.shape[1], dtype=torch.bool, device=block_ids.device)
+    bq, bk = blocks[:, :, None], blocks[:, None, :]
+    eye = torch.eye(blocks.shape[1], dtype=torch.bool, device=blocks.device)
     return ((bk <= bq) & key_valid[:, None, :].bool()) | eye
 
 
-def staircase_mask(block_ids: Tensor, key_valid: Tensor) -> Tensor:
+def block_attention(key_valid: Tensor, block_size: int) -> Tensor:
+    """[B, T] bool -> [B, T, T] bool: the block layout's attention over a whole sequence."""
+    return block_causal_mask(block_ids(key_valid, block_size), key_valid)
+
+
+def staircase_mask(blocks: Tensor, key_valid: Tensor) -> Tensor:
     """[B, 2T, 2T] bool staircase attention for [clean | noisy] streams sharing block ids [B, T]."""
-    bq, bk = block_ids[:, :, None], block_ids[:, None, :]
+    bq, bk = blocks[:, :, None], blocks[:, None, :]
     valid = key_valid[:, None, :].bool()
     clean_to_clean = (bk <= bq) & valid
     noisy_to_clean = (bk < bq) & valid
@@ -144,14 +166,6 @@ def staircase_mask(block_ids: Tensor, key_valid: Tensor) -> Tensor:
                       torch.cat([noisy_to_clean, noisy_to_noisy], dim=2)], dim=1)
     eye = torch.eye(mask.shape[1], dtype=torch.bool, device=mask.device)
     return mask | eye  # diagonal: see block_causal_mask
-
-
-def completion_block_ids(prompt_mask: Tensor, length: int, block_size: int) -> Tensor:
-    """[B, P + L] block ids: PROMPT_BLOCK on the prompt (padding included), j // block_size on completion j."""
-    B, P = prompt_mask.shape
-    completion = torch.arange(length, device=prompt_mask.device) // block_size
-    return torch.cat([torch.full((B, P), PROMPT_BLOCK, dtype=torch.long, device=prompt_mask.device),
-                      completion[None, :].expand(B, length)], dim=1)
 
 
 def staircase_inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, noisy_completion: Tensor,
@@ -174,17 +188,16 @@ def staircase_inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Te
     clean = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, T]
     noisy = torch.cat([prompt_ids, noisy_completion], dim=1)  # [B, T]
     key_valid = torch.cat([prompt_mask.bool(), torch.ones_like(completion_ids, dtype=torch.bool)], dim=1)
-    block_ids = completion_block_ids(prompt_mask, L, block_size)
     positions = position_ids_from_mask(key_valid)
     return (torch.cat([clean, noisy], dim=1), torch.cat([positions, positions], dim=1),
-            staircase_mask(block_ids, key_valid))
+            staircase_mask(block_ids(key_valid, block_size), key_valid))
 
 
-def _staircase_noisy_logits(model: Any, clean: Tensor, noisy: Tensor, block_ids: Tensor, key_valid: Tensor) -> Tensor:
+def _staircase_noisy_logits(model: Any, clean: Tensor, noisy: Tensor, blocks: Tensor, key_valid: Tensor) -> Tensor:
     """One forward pass over [clean | noisy] [B, 2T]; returns the noisy stream's logits [B, T, V]."""
     T = clean.shape[1]
     positions = position_ids_from_mask(key_valid)
-    logits = model(torch.cat([clean, noisy], dim=1), attention_mask=staircase_mask(block_ids, key_valid),
+    logits = model(torch.cat([clean, noisy], dim=1), attention_mask=staircase_mask(blocks, key_valid),
                    position_ids=torch.cat([positions, positions], dim=1)).logits  # [B, 2T, V]
     return logits[:, T:]
 
@@ -194,13 +207,20 @@ def _staircase_noisy_logits(model: Any, clean: Tensor, noisy: Tensor, block_ids:
 # --------------------------------------------------------------------------------------------
 
 
-def _block_noise(process: BlockMaskedProcess, completion_ids: Tensor, completion_mask: Tensor | None,
-                 generator: torch.Generator, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Draw t_b per block and mask the completion: noisy [B, L], noised [B, L] bool, per-token t [B, L]."""
+def _block_noise(process: BlockMaskedProcess, prompt_mask: Tensor, completion_ids: Tensor,
+                 completion_mask: Tensor | None, generator: torch.Generator,
+                 eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Draw t_b per completion block and mask the completion: noisy [B, L], noised [B, L] bool, per-token t [B, L].
+
+    Completion blocks follow the layout (module doc), so a row whose prompt ends inside a block has
+    its first completion tokens in that block; one t is drawn per block of the widest row.
+    """
     check_tokens(completion_ids, "completion_ids")
     B, L = completion_ids.shape
-    t_blocks = process.sample_t(B, generator=generator, device=completion_ids.device, eps=eps, length=L)
-    t_tok = process.token_times(t_blocks, (B, L))
+    blocks = completion_blocks(prompt_mask, L, process.block_size)  # [B, L]
+    t_blocks = process.sample_t(B, generator=generator, device=completion_ids.device, eps=eps,
+                                length=(int(blocks.max()) + 1) * process.block_size)  # [B, n_blocks]
+    t_tok = t_blocks.gather(1, blocks)  # [B, L]
     noisy, noised = process.noise(completion_ids, t_tok, generator=generator, eligible=completion_mask)
     return noisy, noised, t_tok
 
@@ -231,7 +251,7 @@ def staircase_elbo(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completi
     noised [B, L] bool. mask_token_id defaults to model.mask_token_id.
     """
     process = _make_process(model, block_size, mask_token_id, schedule)
-    noisy, noised, t_tok = _block_noise(process, completion_ids, completion_mask, generator, eps)
+    noisy, noised, t_tok = _block_noise(process, prompt_mask, completion_ids, completion_mask, generator, eps)
     input_ids, position_ids, attn_mask = staircase_inputs(prompt_ids, prompt_mask, completion_ids, noisy, block_size)
     logits = model(input_ids, attention_mask=attn_mask, position_ids=position_ids).logits  # [B, 2T, V]
     noisy_completion_logits = logits[:, input_ids.shape[1] - completion_ids.shape[1]:]  # [B, L, V]
@@ -247,17 +267,21 @@ def blockwise_elbo(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completi
     block-causal mask. The reference that the one-pass construction is tested against.
     """
     process = _make_process(model, block_size, mask_token_id, schedule)
-    noisy, noised, t_tok = _block_noise(process, completion_ids, completion_mask, generator, eps)
-    B, P = prompt_ids.shape
-    L = completion_ids.shape[1]
-    block_ids = completion_block_ids(prompt_mask, L, block_size)  # [B, T]
+    noisy, noised, t_tok = _block_noise(process, prompt_mask, completion_ids, completion_mask, generator, eps)
+    P, L = prompt_ids.shape[1], completion_ids.shape[1]
     key_valid = torch.cat([prompt_mask.bool(), torch.ones_like(completion_ids, dtype=torch.bool)], dim=1)
+    blocks = block_ids(key_valid, block_size)  # [B, T]
     positions = position_ids_from_mask(key_valid)
+    rel = completion_blocks(prompt_mask, L, block_size)  # [B, L]
     per_block = []
-    for lo in range(0, L, block_size):
-        hi = min(lo + block_size, L)
-        ids = torch.cat([prompt_ids, completion_ids[:, :lo], noisy[:, lo:hi]], dim=1)  # [B, P + hi]
-        mask = block_causal_mask(block_ids[:, :P + hi], key_valid[:, :P + hi])
-        logits = model(ids, attention_mask=mask, position_ids=positions[:, :P + hi]).logits
-        per_block.append(logits[:, P + lo:])  # [B, hi - lo, V]
-    return _elbo_from_logits(process, torch.cat(per_block, dim=1), completion_ids, noised, t_tok)
+    for b in range(int(rel.max()) + 1):
+        # [prompt, clean blocks < b, noisy block b]; later tokens are hidden as padding (they come
+        # after every fed token, so the positions of the fed ones do not change).
+        ids = torch.cat([prompt_ids, torch.where(rel < b, completion_ids, noisy)], dim=1)  # [B, T]
+        visible = key_valid & torch.cat([torch.ones_like(prompt_mask, dtype=torch.bool), rel <= b], dim=1)
+        mask = block_causal_mask(blocks, visible)
+        out = model(ids, attention_mask=mask, position_ids=positions).logits[:, P:]  # [B, L, V]
+        per_block.append(out)
+    stacked = torch.stack(per_block, dim=0)  # [n_blocks, B, L, V]
+    logits = stacked.gather(0, rel[None, :, :, None].expand(1, *stacked.shape[1:])).squeeze(0)  # [B, L, V]
+    return _elbo_from_logits(process, logits, completion_ids, noised, t_tok)

@@ -21,14 +21,20 @@ picked once per call by `block_forward` from rollout.cache and the model's atten
                     and feeds only the current block, which is EXACT there, because a block never
                     attends to later positions (the cache of a finished block is final).
 
-**Block convention of block-causal models** (one place: ddrl.processes.block, used here, by the
-staircase/blockwise ELBOs and by block pretraining): every prompt token is in block -1 (the prompt
-is one bidirectional block), completion position j is in block j // block_size, counted from the
-start of the completion, for every row whatever its prompt length; padding is never attended.
-The sampler passes that mask explicitly (a boolean [R, T_new, T_past + T_new] attention_mask and
-position_ids counting real tokens), so the model's own default (position // block_size, used when
-a caller passes only a 2-D padding mask) never decides rollouts. Sampler blocks must be unions of
-model blocks (block_length a multiple of block_size) for the cache to be exact.
+**Block layout of block-causal models** (one place: ddrl.processes.block, used here, by the
+staircase/blockwise ELBOs, by every estimator through the model's default, and by block
+pretraining): block = position // block_size over each row's real tokens, prompt included, as
+SDAR's own sampler counts them. A row whose prompt ends inside a block continues that block, so
+its first sampler window holds fewer completion tokens. To keep one window loop for rows of
+different prompt lengths, the masked sampler shifts each row's completion right by
+`offset = n_prompt % block_size` slots (ddrl.sampling.masked): the first `offset` slots of the row
+are empty (never attended, no position, never committed), so every window is one model block of
+every row. The strategies here take those slots as `slots` [B, W] (True = a real completion slot).
+The sampler passes the layout explicitly (a boolean [R, T_new, T_past + T_new] attention_mask and
+position_ids counting real tokens). Sampler blocks must be unions of model blocks (block_length a
+multiple of block_size) for the cache to be exact. In the first window, the prompt's last tokens
+share the block with masked slots, so their keys change until the block is final: the exact cache
+re-feeds them (from column P - max offset) with the window.
 
 **Logits shifted by one** (Dream): DiffusionLM realigns them over each call's input, so the first
 fed position gets no prediction of its own. Cached calls therefore start one token early (the
@@ -59,7 +65,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ddrl.processes.block import block_causal_mask, completion_block_ids, position_ids_from_mask
+from ddrl.processes.block import block_attention, position_ids_from_mask
 from ddrl.sampling.utils import completion_logits, guided_logits
 
 CACHE_MODES = ("none", "prefix", "dual", "auto")  # auto: the exact cache where it is exact, else none
@@ -151,13 +157,16 @@ class _RowInputs:
     (R = 2A rows: cond, then uncond with every real prompt token replaced by mask_id)."""
 
     def __init__(self, prompt_ids: Tensor, prompt_mask: Tensor | None, rows: Tensor, *, cfg_scale: float,
-                 mask_id: int):
+                 mask_id: int, slots: Tensor | None = None):
         prompt = prompt_ids[rows]  # [A, P]
+        self.slots = None if slots is None else slots[rows]  # [A, W] real completion slots
         valid = (torch.ones_like(prompt, dtype=torch.bool) if prompt_mask is None else prompt_mask[rows])
         if cfg_scale > 0:
             prompt = torch.cat([prompt, prompt.masked_fill(valid, mask_id)], dim=0)  # [2A, P]
             valid = torch.cat([valid, valid], dim=0)
         self.prompt, self.prompt_valid = prompt, valid  # [R, P]
+        if self.slots is not None and cfg_scale > 0:
+            self.slots = torch.cat([self.slots, self.slots], dim=0)
         self.cfg_scale = cfg_scale
         self.A, self.P = rows.numel(), prompt.shape[1]
 
@@ -168,7 +177,9 @@ class _RowInputs:
         return torch.cat([self.prompt, completion], dim=1)
 
     def key_valid(self, length: int) -> Tensor:
-        """[R, P + length] bool: real prompt tokens and the whole completion."""
+        """[R, P + length] bool: real prompt tokens and the completion's real slots."""
+        if self.slots is not None:
+            return torch.cat([self.prompt_valid, self.slots[:, :length]], dim=1)
         ones = torch.ones(self.prompt.shape[0], length, dtype=torch.bool, device=self.prompt.device)
         return torch.cat([self.prompt_valid, ones], dim=1)
 
@@ -293,24 +304,28 @@ class ApproxBlockCache:
 
 
 class BlockCausalForward:
-    """Block-causal model without cache: the whole sequence every step, under the block convention
-    of ddrl.processes.block (module doc). The reference the exact cache is tested against."""
+    """Block-causal model without cache: the whole sequence every step, under the block layout of
+    ddrl.processes.block (module doc). The reference the exact cache is tested against.
+
+    slots [B, W] bool: the completion slots that hold tokens (None = all); gen_length = W.
+    """
 
     def __init__(self, model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *, cfg_scale: float,
-                 mask_id: int, block_size: int, gen_length: int):
+                 mask_id: int, block_size: int, gen_length: int, slots: Tensor | None = None):
         self.model, self.prompt_ids, self.prompt_mask = model, prompt_ids, prompt_mask
         self.cfg_scale, self.mask_id = cfg_scale, mask_id
-        self.block_size, self.gen_length = block_size, gen_length
+        self.block_size, self.gen_length, self.slots = block_size, gen_length, slots
+        # The first window re-feeds the prompt's last tokens when some row's prompt ends inside a block.
+        self.tail = 0 if slots is None else int(slots.int().argmax(dim=1).max())  # the largest offset
         self.forward_tokens = 0
 
     def begin_block(self, rows: Tensor, start: int, end: int) -> None:
         self.rows, self.start, self.end = rows, start, end
         self.inputs = _RowInputs(self.prompt_ids, self.prompt_mask, rows, cfg_scale=self.cfg_scale,
-                                 mask_id=self.mask_id)
+                                 mask_id=self.mask_id, slots=self.slots)
         valid = self.inputs.key_valid(self.gen_length)  # [R, T]
-        block_ids = completion_block_ids(self.inputs.prompt_valid, self.gen_length, self.block_size)  # [R, T]
         self.positions = position_ids_from_mask(valid)
-        self.attend = block_causal_mask(block_ids, valid)  # [R, T, T] True = may attend
+        self.attend = block_attention(valid, self.block_size)  # [R, T, T] True = may attend
 
     def block_logits(self, step: int, completion: Tensor, live: Tensor) -> Tensor:
         index = self.inputs.index(live)
@@ -353,7 +368,7 @@ class ExactBlockCache(BlockCausalForward):
         P, s, e = self.inputs.P, self.start, self.end
         index = self.inputs.index(live)  # None at step 0: every row starts the block with masks
         ids = _rows(self.inputs.ids(completion), index)  # [R', T]
-        a = P + s - self.context
+        a = P + s - self.context - (self.tail if s == 0 else 0)  # the cache ends before a after this block
         lo = self.cached if step == 0 else a  # first fed position
         past = None if lo == 0 else as_model_cache(_rows(self.layers, index), self.like)
         want_cache = True if step == 0 else None  # None: not passed at all
@@ -373,7 +388,7 @@ class ExactBlockCache(BlockCausalForward):
 
 
 def block_forward(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *, cache: str, block_length: int,
-                  gen_length: int, cfg_scale: float, mask_id: int, key: str = "cache"):
+                  gen_length: int, cfg_scale: float, mask_id: int, key: str = "cache", slots: Tensor | None = None):
     """The strategy for `cache` (none | prefix | dual | auto) and the model's attention (module doc)."""
     if cache not in CACHE_MODES:
         raise ValueError(f"{key}={cache!r} is not valid; choose one of: {', '.join(CACHE_MODES)}")
@@ -389,7 +404,8 @@ def block_forward(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *,
         if kind is ExactBlockCache and not accepts_cache(model):
             _warn_once(model, "its forward takes no past_key_values")
             kind = BlockCausalForward
-        return kind(model, prompt_ids, prompt_mask, block_size=int(block_size), gen_length=gen_length, **common)
+        return kind(model, prompt_ids, prompt_mask, block_size=int(block_size), gen_length=gen_length, slots=slots,
+                    **common)
     if cache in ("none", "auto"):
         return FullForward(model, prompt_ids, prompt_mask, **common)
     if not accepts_cache(model):

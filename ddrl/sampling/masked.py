@@ -309,54 +309,91 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule, settin
              gen_length: int, block_length: int, eos_id: int | None, record: bool, cache: str = "none") -> _Decoded:
     """Blocks left to right; inside a block, steps until `rule` says the block is done."""
     B, device = prompt_ids.shape[0], prompt_ids.device
+    offsets = block_offsets(model, prompt_ids, prompt_mask)  # [B] or None (full attention / aligned prompts)
+    width = gen_length + (0 if offsets is None else int(offsets.max()))  # completion slots W
+    slots = None if offsets is None else completion_slots(offsets, gen_length, width)  # [B, W]
     forward = block_forward(model, prompt_ids, prompt_mask, cache=cache, block_length=block_length,
-                            gen_length=gen_length, cfg_scale=settings.cfg_scale, mask_id=settings.mask_id)
-    completion = torch.full((B, gen_length), settings.mask_id, dtype=torch.long, device=device)  # [B, L]
-    commit_step = torch.full((B, gen_length), -1, dtype=torch.long, device=device)  # [B, L]
+                            gen_length=width, cfg_scale=settings.cfg_scale, mask_id=settings.mask_id, slots=slots)
+    completion = torch.full((B, width), settings.mask_id, dtype=torch.long, device=device)  # [B, W]
+    commit_step = torch.full((B, width), -1, dtype=torch.long, device=device)  # [B, W]
+    empty = torch.zeros_like(completion, dtype=torch.bool) if slots is None else ~slots  # never committed
     running = torch.ones(B, dtype=torch.bool, device=device)
     recorder = _ProbRecorder() if record else None
     nfe = 0
-    for start in range(0, gen_length, block_length):
-        end = start + block_length
+    for start in range(0, width, block_length):
+        end = min(start + block_length, width)
         rows = running.nonzero().squeeze(1)  # [A]
         if rows.numel() == 0:  # early exit: every row has its EOS
             break
-        rule.begin_block(completion[rows, start:end] == settings.mask_id)
+        rule.begin_block(_still_masked(completion, empty, rows, start, end, settings.mask_id))
         forward.begin_block(rows, start, end)
         first_step, step = nfe, 0
-        while rule.more_steps(step, masked := completion[rows, start:end] == settings.mask_id):
+        while rule.more_steps(step, masked := _still_masked(completion, empty, rows, start, end, settings.mask_id)):
             # Rows whose block is already full sit the step out (threshold decoding finishes rows at
             # different steps); when none has a mask left (LLaDA's trailing no-op steps) all run.
+            # A block's first step runs every row: the exact cache of a block model is built from it
+            # (a row whose prompt ends late can have no slot in the last window).
             live = masked.any(dim=1)  # [A]
-            if not live.any():
+            if step == 0 or not live.any():
                 live = torch.ones_like(live)
             sub = rows[live]  # [A']
             noise = RowNoise(settings.generator, B, sub, device)  # draws for all B rows: the same numbers
             logits = forward.block_logits(step, completion[rows], live)  # [A', W, V]
-            window, committed = _step(logits, completion[sub, start:end], rule, step, settings, noise, live,
-                                      recorder)
+            window, committed = _step(logits, completion[sub, start:end], masked[live], rule, step, settings, noise,
+                                      live, recorder)
             completion[sub, start:end] = window
             commit_step[sub, start:end] = torch.where(committed, nfe, commit_step[sub, start:end])
             nfe, step = nfe + 1, step + 1
         if recorder is not None:
             recorder.close_block(rows, start, first_step, completion[rows, start:end])
         if eos_id is not None:
-            done = (completion[:, :end] == eos_id).any(dim=1)  # [B]
+            done = ((completion[:, :end] == eos_id) & ~empty[:, :end]).any(dim=1)  # [B]
             completion[done, end:] = eos_id
             running = ~done
     trajectory = recorder.trajectory(commit_step, nfe) if recorder is not None else None
+    if offsets is not None:  # back to each row's own gen_length tokens
+        take = offsets[:, None] + torch.arange(gen_length, device=device)[None, :]  # [B, L]
+        completion = completion.gather(1, take)
+        if trajectory is not None:
+            trajectory = Trajectory(commit_step=trajectory.commit_step.gather(1, take),
+                                    token_probs=trajectory.token_probs.gather(
+                                        2, take[:, None, :].expand(-1, trajectory.token_probs.shape[1], -1)),
+                                    states=None, step_times=trajectory.step_times)
     return _Decoded(completion, trajectory, nfe, forward.forward_tokens)
 
 
-def _step(logits: Tensor, window: Tensor, rule, step: int, settings: _Settings, noise: RowNoise, live: Tensor,
-          recorder: _ProbRecorder | None) -> tuple[Tensor, Tensor]:
-    """The block's logits [A', W, V] and tokens [A', W] of the live rows (live: [A] bool over the
-    block's rows) -> (new tokens [A', W], committed this step [A', W])."""
+def _still_masked(completion: Tensor, empty: Tensor, rows: Tensor, start: int, end: int, mask_id: int) -> Tensor:
+    """[A, W] bool: the window's slots that are still masked (empty slots never are)."""
+    return (completion[rows, start:end] == mask_id) & ~empty[rows, start:end]
+
+
+def block_offsets(model, prompt_ids: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
+    """[B] empty slots before each row's completion on a block-causal model: n_prompt % block_size
+    (ddrl.sampling.cache module doc); None when the model has full attention or every offset is 0."""
+    block_size = getattr(model, "block_size", None)
+    if not block_size:
+        return None
+    B, P = prompt_ids.shape
+    n_prompt = (prompt_mask.long().sum(dim=1) if prompt_mask is not None
+                else torch.full((B,), P, dtype=torch.long, device=prompt_ids.device))
+    offsets = n_prompt % int(block_size)
+    return offsets if bool(offsets.any()) else None
+
+
+def completion_slots(offsets: Tensor, gen_length: int, width: int) -> Tensor:
+    """[B, width] bool: slot j of row i holds completion token j - offsets[i] (True) or is empty."""
+    j = torch.arange(width, device=offsets.device)[None, :]
+    return (j >= offsets[:, None]) & (j < offsets[:, None] + gen_length)
+
+
+def _step(logits: Tensor, window: Tensor, masked: Tensor, rule, step: int, settings: _Settings, noise: RowNoise,
+          live: Tensor, recorder: _ProbRecorder | None) -> tuple[Tensor, Tensor]:
+    """The block's logits [A', W, V], tokens [A', W] and still-masked slots [A', W] of the live rows
+    (live: [A] bool over the block's rows) -> (new tokens [A', W], committed this step [A', W])."""
     s = settings
     if not 0 <= s.mask_id < logits.shape[-1]:
         raise ValueError(f"mask_id={s.mask_id} is outside the model's vocabulary [0, {logits.shape[-1]}); "
                          f"pass the model's mask token id (model.mask_token_id)")
-    masked = window == s.mask_id
     x0 = gumbel_argmax(logits, s.temperature, noise(*logits.shape[1:]) if s.temperature > 0 else None)  # [A, W]
     # Confidences in float64 as in the reference: float32 ties and rounding would reorder commits.
     want_probs = recorder is not None or (rule.uses_confidence and s.remasking == "low_confidence")

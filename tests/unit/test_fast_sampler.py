@@ -131,11 +131,12 @@ def test_block_cache_gives_the_uncached_logits_and_tokens(cache, cfg_scale, shif
     assert slow.forward_tokens == slow_tokens
 
 
-def test_block_sampler_follows_the_training_block_convention_whatever_the_prompt_length():
-    # By hand, for one unpadded row: a prompt token sees the prompt; completion position j sees the
-    # prompt and completion positions of blocks <= j // block_size (ddrl.processes.block, used by
-    # the staircase ELBO and block pretraining). The first step of block b must show exactly these
-    # logits, for prompts of every length (not only multiples of block_size).
+def test_block_sampler_follows_sdar_block_layout_whatever_the_prompt_length():
+    # By hand, for one unpadded row, SDAR's layout (JetAstra/SDAR block_diffusion_generate): blocks
+    # are counted from position 0, prompt included, so token k is in block k // block_size; q sees k
+    # iff block(k) <= block(q). A prompt that ends inside a block continues it: that block's
+    # completion tokens are decoded first, with the prompt's tail. The first step of each block must
+    # show exactly these logits, for prompts of every length (not only multiples of block_size).
     bs, L = 4, 12
     model = builtin(block_size=bs)
     out = run(model, SamplerConfig(name="block", steps=L, gen_length=L, temperature=0.0, cache="auto",
@@ -143,16 +144,21 @@ def test_block_sampler_follows_the_training_block_convention_whatever_the_prompt
     for r, prompt in enumerate(PROMPTS):
         P = len(prompt)
         final = out.completion_ids[r]
-        for b in range(L // bs):
-            seq = torch.tensor([prompt + final[:b * bs].tolist() + [MASK] * bs])  # [1, P + (b + 1) bs]
+        first_steps = {}  # block -> the first sampler step that decoded it
+        for j in range(L):
+            first_steps.setdefault((P + j) // bs, int(out.trajectory.commit_step[r, j]))
+        for block in sorted(first_steps):
+            lo, hi = max(block * bs - P, 0), min((block + 1) * bs - P, L)  # its completion tokens
+            seq = torch.tensor([prompt + final[:lo].tolist() + [MASK] * (hi - lo)])  # [1, P + hi]
             T = seq.shape[1]
-            block = [-1] * P + [j // bs for j in range((b + 1) * bs)]
-            allowed = torch.tensor([[block[k] <= block[q] for k in range(T)] for q in range(T)])
+            allowed = torch.tensor([[k // bs <= q // bs for k in range(T)] for q in range(T)])
             with torch.no_grad():
                 logits = model(seq, attention_mask=allowed[None], position_ids=torch.arange(T)[None]).logits
-            probs = torch.softmax(logits[0, P + b * bs:].double(), -1)  # [bs, V]
-            expected = probs.gather(-1, final[b * bs:(b + 1) * bs, None]).squeeze(-1)
-            recorded = out.trajectory.token_probs[r, b * bs, b * bs:(b + 1) * bs]  # first step of block b
+            probs = torch.softmax(logits[0, P + lo:].double(), -1)  # [hi - lo, V]
+            expected = probs.gather(-1, final[lo:hi, None]).squeeze(-1)
+            # steps per block = steps / (L / bs) = 4; the block's first step is a multiple of 4
+            step = first_steps[block] // bs * bs
+            recorded = out.trajectory.token_probs[r, step, lo:hi]
             torch.testing.assert_close(recorded.double(), expected, atol=1e-5, rtol=0)
 
 
@@ -311,7 +317,9 @@ def test_threshold_one_is_one_token_per_step_with_every_cache(block_size, cache)
     base = dict(gen_length=16, block_length=4, temperature=0.0, cache=cache, early_exit=False)
     threshold = run(model, SamplerConfig(steps=1, threshold=1.0, **base))
     fixed = run(model, SamplerConfig(steps=16, **base))
-    assert threshold.nfe == 16
+    # Block model: prompts of 3, 5, 1, 6 tokens end 3, 1, 1, 2 tokens into a block of 4, so the first
+    # window holds 1, 3, 3, 2 masks (3 calls), three full windows (12), and a last one of 3, 1, 1, 2 (3).
+    assert threshold.nfe == (16 if block_size is None else 18)
     assert torch.equal(threshold.completion_ids, fixed.completion_ids)
 
 
@@ -384,8 +392,9 @@ def test_a_model_that_returns_no_cache_falls_back(monkeypatch, block_size):
     with pytest.warns(RuntimeWarning, match="returned no past_key_values"):
         out = run(model, SamplerConfig(cache="dual", **base))
     assert torch.equal(out.completion_ids, ref.completion_ids) and out.nfe == ref.nfe
-    # counted honestly: the full forward for every call (the block model's first call fed only prompt + block 0)
-    assert out.forward_tokens == ref.forward_tokens - (block_size is not None) * 4 * 4
+    # counted honestly: the full forward for every call (the block model's first call fed only prompt + block 0,
+    # not the 8 + 3 completion slots: 3 = the largest offset of a prompt ending inside a block)
+    assert out.forward_tokens == ref.forward_tokens - (block_size is not None) * 4 * (8 + 3 - 4)
 
 
 class LegacyCache:

@@ -395,7 +395,15 @@ def test_block_sampler_uses_the_model_block_size(model):
     assert torch.equal(out.completion_ids, full[:, ids.shape[1]:])
     threshold = sample_block(block_model, ids, mask, SamplerConfig(steps=8, gen_length=8, temperature=0.0,
                                                                    threshold=0.0, early_exit=False), generator=None)
-    assert threshold.nfe == 2
+    # Prompts of 3, 5 and 1 tokens end 3, 1 and 1 tokens into a block of 4 (SDAR's layout counts blocks
+    # from position 0), so 8 completion tokens span 3 blocks: one call each at threshold 0.
+    assert threshold.nfe == 3
+    aligned = sample_block(block_model, ids[:, 1:2], None, SamplerConfig(steps=8, gen_length=8, temperature=0.0,
+                                                                        threshold=0.0, early_exit=False), generator=None)
+    assert aligned.nfe == 3  # a 1-token prompt: blocks [p, c0..c2], [c3..c6], [c7]
+    four = torch.tensor([[2, 3, 4, 5]])
+    assert sample_block(block_model, four, None, SamplerConfig(steps=8, gen_length=8, temperature=0.0, threshold=0.0,
+                                                               early_exit=False), generator=None).nfe == 2
     with pytest.raises(ValueError, match="block_size"):
         sample_block(model, ids, mask, cfg, generator=None)
     with pytest.raises(ValueError, match="block_length=2"):

@@ -85,8 +85,10 @@ def test_staircase_inputs_follow_the_rules():
     assert torch.equal(ids, torch.cat([prompt_ids, completion, prompt_ids, noisy], 1))
     assert torch.equal(pos[:, :T], pos[:, T:])
     assert pos[0].tolist()[:T] == [0, 0, 0, 1, 2, 3, 4, 5, 6]  # padding does not shift positions
-    block = [[-1] * P + [j // 2 for j in range(L)]] * 3
     valid = torch.cat([prompt_mask, torch.ones(3, L, dtype=torch.bool)], 1).tolist()
+    # SDAR's layout: block = position // block_size over the real tokens, prompt included
+    # (padding gets block 0 but is never attended).
+    block = [[max(sum(v[:i + 1]) - 1, 0) // 2 for i in range(T)] for v in valid]
     expected = rule_mask([b + b for b in block], [v + v for v in valid], ["clean"] * T + ["noisy"] * T)
     assert torch.equal(attn, expected)
 
