@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from ddrl.processes.block import block_layout_mask
 from ddrl.models.io import CONFIG_FILE, WEIGHTS_FILE, ModelDirectoryError, check_model_dir, read_json, write_json
 
 MODEL_TYPE = "ddrl_denoiser"  # config.json "model_type" of a built-in model directory
@@ -284,11 +285,9 @@ class Denoiser(nn.Module):
             allowed = explicit
         else:
             allowed = None if key_valid is None else key_valid[:, None, None, :]  # [B, 1, 1, T_keys]
-            if self.config.block_size is not None:
-                q_block = query_pos // self.config.block_size
-                k_block = key_pos // self.config.block_size
-                causal = k_block[:, None, None, :] <= q_block[:, None, :, None]  # [B, 1, T, T_keys]
-                allowed = causal if allowed is None else causal & allowed
+            if self.config.block_size is not None:  # ddrl.processes.block's layout, the one every caller uses
+                valid = torch.ones_like(key_pos, dtype=torch.bool) if key_valid is None else key_valid
+                allowed = block_layout_mask(key_pos, valid, self.config.block_size, query_pos)  # [B, 1, T, T_keys]
         if allowed is not None:
             # A query with no key to attend (an all-padding row) would softmax over nothing -> NaN,
             # which poisons losses even when multiplied by 0. Let such rows attend everything: their

@@ -149,6 +149,15 @@ def block_causal_mask(blocks: Tensor, key_valid: Tensor) -> Tensor:
     return ((bk <= bq) & key_valid[:, None, :].bool()) | eye
 
 
+def block_layout_mask(positions: Tensor, key_valid: Tensor, block_size: int, query_positions: Tensor) -> Tensor:
+    """The layout as a model applies it to a call (cached keys, then new tokens):
+    positions, key_valid [B, Tk]; query_positions [B, Tq] -> [B, 1, Tq, Tk] bool (True = attend):
+    block(key) <= block(query) and the key is real, block = position // block_size."""
+    q_block = query_positions.div(block_size, rounding_mode="floor")[:, None, :, None]  # [B, 1, Tq, 1]
+    k_block = positions.div(block_size, rounding_mode="floor")[:, None, None, :]  # [B, 1, 1, Tk]
+    return (k_block <= q_block) & key_valid.bool()[:, None, None, :]
+
+
 def block_attention(key_valid: Tensor, block_size: int) -> Tensor:
     """[B, T] bool -> [B, T, T] bool: the block layout's attention over a whole sequence."""
     return block_causal_mask(block_ids(key_valid, block_size), key_valid)

@@ -91,13 +91,14 @@ from torch import Tensor
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput
 from ddrl.sampling.cache import CACHE_MODES, block_forward
+from ddrl.sampling.sdar import commit_dynamic, tempered_confidence
 from ddrl.sampling.utils import RowNoise, gumbel_argmax
 from ddrl.types import Trajectory
 
 if TYPE_CHECKING:  # sampling imports only torch at run time (DESIGN.md: dependencies point one way)
     from ddrl.config import SamplerConfig
 
-REMASKING = ("low_confidence", "random")
+REMASKING = ("low_confidence", "random", "sdar_dynamic")
 
 # Mask fraction k(tau) of the emerge sampler at reverse progress tau in [0, 1] (1 = all masked at tau = 0).
 EMERGE_SCHEDULES: dict[str, Callable[[float], float]] = {
@@ -197,6 +198,27 @@ class _ThresholdRule:
 
     def step_time(self, step: int) -> float | None:
         return None
+
+
+class _DynamicRule(_FixedCountRule):
+    """SDAR's low_confidence_dynamic (ddrl.sampling.sdar): each step's count k comes from the block
+    length, as in SDAR's get_num_transfer_tokens, whatever is still masked; commit the masked
+    positions above threshold if there are at least k, else the k most confident. A block ends when
+    it has no mask left (SDAR breaks out; it does not run LLaDA's trailing no-op steps)."""
+
+    def __init__(self, steps_per_block: int, threshold: float, block_length: int):
+        super().__init__(steps_per_block)
+        self.threshold, self.block_length = threshold, block_length
+
+    def begin_block(self, masked: Tensor) -> None:
+        full = torch.full((masked.shape[0],), self.block_length, dtype=torch.long, device=masked.device)
+        self.counts = transfer_counts(full, self.steps_per_block)  # [A, spb]
+
+    def more_steps(self, step: int, masked: Tensor) -> bool:
+        return step < self.steps_per_block and bool(masked.any())
+
+    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise, live: Tensor) -> Tensor:
+        return commit_dynamic(confidence, masked, self.threshold, self.counts[live, step])
 
 
 class _FactorRule(_ThresholdRule):
@@ -302,6 +324,8 @@ class _Settings:
     remasking: str
     mask_id: int
     generator: torch.Generator | None
+    top_k: int = 0  # sdar_dynamic: top-k filter of the token distribution (0 = off)
+    top_p: float = 1.0  # sdar_dynamic: nucleus filter (1 = off)
 
 
 @torch.no_grad()
@@ -394,13 +418,19 @@ def _step(logits: Tensor, window: Tensor, masked: Tensor, rule, step: int, setti
     if not 0 <= s.mask_id < logits.shape[-1]:
         raise ValueError(f"mask_id={s.mask_id} is outside the model's vocabulary [0, {logits.shape[-1]}); "
                          f"pass the model's mask token id (model.mask_token_id)")
-    x0 = gumbel_argmax(logits, s.temperature, noise(*logits.shape[1:]) if s.temperature > 0 else None)  # [A, W]
+    uniforms = noise(*logits.shape[1:]) if s.temperature > 0 else None  # [A, W, V]
+    if s.remasking == "sdar_dynamic":  # SDAR's candidate and confidence: the filtered, tempered softmax
+        x0, sdar_confidence = tempered_confidence(logits, s.temperature, s.top_k, s.top_p, uniforms=uniforms)
+    else:
+        x0 = gumbel_argmax(logits, s.temperature, uniforms)  # [A, W]
     # Confidences in float64 as in the reference: float32 ties and rounding would reorder commits.
     want_probs = recorder is not None or (rule.uses_confidence and s.remasking == "low_confidence")
     probs = torch.softmax(logits.double(), dim=-1) if want_probs else None  # [A, W, V]
     confidence = None
     if rule.uses_confidence:
-        if s.remasking == "low_confidence":
+        if s.remasking == "sdar_dynamic":
+            confidence = sdar_confidence
+        elif s.remasking == "low_confidence":
             confidence = probs.gather(-1, x0[..., None]).squeeze(-1)
         else:
             confidence = noise(masked.shape[1])
@@ -435,7 +465,9 @@ def _check_inputs(model, prompt_ids: Tensor, attention_mask: Tensor | None, *, g
     for name, value in (("gen_length", gen_length), ("block_length", block_length)):
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if gen_length % block_length:
+    # A block model's blocks follow positions (ddrl.processes.block), so its completion need not be
+    # whole blocks: SDAR decodes up to a block boundary of prompt + completion.
+    if gen_length % block_length and not getattr(model, "block_size", None):
         raise ValueError(f"gen_length={gen_length} is not divisible by block_length={block_length}; "
                          f"pick a block_length that divides gen_length")
     if temperature < 0:
@@ -457,8 +489,8 @@ def _check_inputs(model, prompt_ids: Tensor, attention_mask: Tensor | None, *, g
 
 
 def _check_steps(steps: int, gen_length: int, block_length: int) -> int:
-    """-> steps per block."""
-    num_blocks = gen_length // block_length
+    """-> steps per block (a completion of a block model that is not whole blocks counts its last one)."""
+    num_blocks = -(-gen_length // block_length)
     if not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     if steps % num_blocks:
@@ -481,8 +513,8 @@ def _check_generator(generator: torch.Generator | None, needs_noise: bool, why: 
 def generate(model, prompt_ids: Tensor, attention_mask: Tensor | None = None, *, steps: int, gen_length: int,
              block_length: int, temperature: float = 0.0, cfg_scale: float = 0.0, remasking: str = "low_confidence",
              mask_id: int, threshold: float | None = None, generator: torch.Generator | None = None,
-             return_trajectory: bool = False, factor: float | None = None,
-             cache: str = "none") -> Tensor | tuple[Tensor, Trajectory]:
+             return_trajectory: bool = False, factor: float | None = None, cache: str = "none",
+             top_k: int | None = None, top_p: float | None = None) -> Tensor | tuple[Tensor, Trajectory]:
     """LLaDA's semi-autoregressive sampler (module doc), batched.
 
     prompt_ids      [B, P] long, left-padded; attention_mask [B, P] (1 = real token) or None (none is
@@ -494,18 +526,21 @@ def generate(model, prompt_ids: Tensor, attention_mask: Tensor | None = None, *,
     generator       required when temperature > 0 or remasking == "random".
     factor          Fast-dLLM's factor-based parallel decoding (module doc), > 0; excludes threshold.
     cache           "none" (LLaDA's reference) | "prefix" | "dual" | "auto" (ddrl.sampling.cache).
+    remasking       "low_confidence" | "random" | "sdar_dynamic" (SDAR's rule, with threshold =
+                    its confidence_threshold and top_k / top_p filtering the token distribution).
     Returns the full sequence [B, P + gen_length] (prompt + completion), and the Trajectory when
     return_trajectory=True. Never early-exits. With the defaults (threshold, factor None, cache
     "none") these are the reference's tokens.
     """
     _check_inputs(model, prompt_ids, attention_mask, gen_length=gen_length, block_length=block_length,
                   temperature=temperature, cfg_scale=cfg_scale, remasking=remasking, mask_id=mask_id)
-    rule = _commit_rule(steps, gen_length, block_length, threshold, factor, "")
+    rule = _commit_rule(steps, gen_length, block_length, threshold, factor, "", remasking)
     _check_cache(cache, "cache")
     _check_generator(generator, temperature > 0 or remasking == "random", "temperature > 0 or remasking='random'")
     mask = None if attention_mask is None else attention_mask.bool()
     out = _denoise(model, prompt_ids, mask, rule,
-                   _Settings(float(temperature), float(cfg_scale), remasking, mask_id, generator),
+                   _Settings(float(temperature), float(cfg_scale), remasking, mask_id, generator, top_k or 0,
+                             1.0 if top_p is None else float(top_p)),
                    gen_length=gen_length, block_length=block_length, eos_id=None, record=return_trajectory,
                    cache=cache)
     sequence = torch.cat([prompt_ids, out.completion.to(prompt_ids.dtype)], dim=1)  # [B, P + L]
@@ -526,8 +561,14 @@ def _check_cache(cache: str, key: str) -> None:
 
 
 def _commit_rule(steps: int, gen_length: int, block_length: int, threshold: float | None, factor: float | None,
-                 prefix: str):
-    """LLaDA's fixed counts, or threshold / factor decoding (module doc)."""
+                 prefix: str, remasking: str = "low_confidence"):
+    """LLaDA's fixed counts, threshold / factor decoding, or SDAR's dynamic rule (module doc)."""
+    if remasking == "sdar_dynamic":
+        if threshold is None or factor is not None or not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"{prefix}remasking='sdar_dynamic' needs {prefix}threshold in [0, 1] (SDAR's "
+                             f"confidence_threshold, e.g. 0.9) and no {prefix}factor, got threshold={threshold}, "
+                             f"factor={factor}")
+        return _DynamicRule(_check_steps(steps, gen_length, block_length), float(threshold), block_length)
     if threshold is not None and factor is not None:
         raise ValueError(f"{prefix}threshold={threshold} and {prefix}factor={factor} are two parallel-decoding "
                          f"rules; set only one of them")
@@ -552,13 +593,14 @@ def _sample_semi_ar(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: 
     # `factor` is read if the config has it (SamplerConfig has no such field yet; a SimpleNamespace or a
     # subclass can carry it), so that the rule is selectable from a config without a second code path.
     rule = _commit_rule(cfg.steps, cfg.gen_length, block_length, cfg.threshold, getattr(cfg, "factor", None),
-                        "rollout.")
+                        "rollout.", cfg.remasking)
     _check_cache(cfg.cache, "rollout.cache")
     _check_generator(generator, cfg.temperature > 0 or cfg.remasking == "random",
                      "rollout.temperature > 0 or rollout.remasking=random")
     eos_id = getattr(model, "eos_token_id", None) if cfg.early_exit else None
     out = _denoise(model, prompt_ids, None if prompt_mask is None else prompt_mask.bool(), rule,
-                   _Settings(cfg.temperature, cfg.cfg_scale, cfg.remasking, mask_id, generator),
+                   _Settings(cfg.temperature, cfg.cfg_scale, cfg.remasking, mask_id, generator,
+                             getattr(cfg, "top_k", None) or 0, getattr(cfg, "top_p", None) or 1.0),
                    gen_length=cfg.gen_length, block_length=block_length, eos_id=eos_id, record=return_trajectory,
                    cache=cfg.cache)
     return SampleOutput(completion_ids=out.completion, trajectory=out.trajectory, nfe=out.nfe,

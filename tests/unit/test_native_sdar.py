@@ -1,0 +1,338 @@
+"""ddrl's native SDAR / TraDo backbone and SDAR's decoding rules against the authors' own outputs.
+
+The oracle is tests/fixtures/sdar/ (made by tests/fixtures/make_sdar.py): Gen-Verse/dLLM-RL @ 10b4fd1c
+models/sdar (TraDo's modeling code) run on a tiny checkpoint in the hub layout, under the block
+layout of JetAstra/SDAR @ c2041a83 generate.py `block_diffusion_generate` (block = position //
+block_size, prompt included), and that sampler's greedy tokens, per-step confidences and commits.
+Their sampler takes one unpadded row (it ignores attention_mask), so the reference for a left-padded
+row is its unpadded row.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ddrl.models.io import ModelDirectoryError
+from ddrl.models.native.base import NATIVE_FAMILIES
+from ddrl.models.native.sdar import SDARBackbone
+from ddrl.sampling.sdar import commit_dynamic, tempered_confidence
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sdar"
+MODEL_DIR = FIXTURE / "model"
+GOLDEN = load_file(str(FIXTURE / "golden.safetensors"))
+META = json.loads((FIXTURE / "golden.json").read_text())
+ROWS = ("row0", "row1", "row2")
+BLOCK, MASK, PAD, VOCAB = 4, 127, 101, 128
+THRESHOLD = META["generate"]["confidence_threshold"]
+
+
+@pytest.fixture(scope="module")
+def model() -> SDARBackbone:
+    return SDARBackbone.from_pretrained(MODEL_DIR, dtype=torch.float32).eval()
+
+
+def assert_logits(got: torch.Tensor, want: torch.Tensor) -> None:
+    """1e-5 relative to the logits' scale (they reach ~15 on the peaked tiny model)."""
+    scale = max(1.0, float(want.abs().max()))
+    torch.testing.assert_close(got.float(), want.float(), atol=1e-5 * scale, rtol=1e-5)
+
+
+def left_pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), PAD, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    return ids, mask
+
+
+# --------------------------------------------------------------------------------------------
+# The checkpoint and the logits
+# --------------------------------------------------------------------------------------------
+
+
+def test_config_and_registry(model):
+    assert NATIVE_FAMILIES.get("sdar") is SDARBackbone
+    c = model.config
+    assert (c.vocab_size, c.block_size, c.mask_token_id, c.max_position_embeddings) == (VOCAB, BLOCK, MASK, 32768)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size) == (4, 2, 32, 64)
+    assert model.get_output_embeddings() is model.lm_head and len(model.layers) == 2
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_logits_with_their_block_mask(model, row):
+    ids, mask = GOLDEN[f"{row}_ids"][None], GOLDEN[f"{row}_mask"][None]  # mask [1, 1, T, T] bool
+    with torch.no_grad():
+        assert_logits(model(ids, attention_mask=mask).logits[0], GOLDEN[f"{row}_logits"])
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_default_layout_is_theirs(model, row):
+    """No mask, or only a 2-D padding mask: the backbone builds block_diffusion_generate's layout."""
+    ids = GOLDEN[f"{row}_ids"][None]
+    with torch.no_grad():
+        assert_logits(model(ids).logits[0], GOLDEN[f"{row}_logits"])
+        assert_logits(model(ids, attention_mask=torch.ones_like(ids)).logits[0], GOLDEN[f"{row}_logits"])
+
+
+def test_bf16_per_op_dtypes():
+    """Stored bf16 weights, bf16 compute: their RMSNorm (float32 inside, weight in float32), RoPE
+    (float32 angles cast to bf16) and masked SDPA, to the recorded bf16 logits."""
+    bf16 = SDARBackbone.from_pretrained(MODEL_DIR).eval()
+    assert bf16.lm_head.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        for row in ROWS:
+            got = bf16(GOLDEN[f"{row}_ids"][None]).logits[0]
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got, GOLDEN[f"{row}_logits_bf16"], atol=0, rtol=0)
+
+
+def test_left_padded_batch_equals_unpadded_rows(model):
+    ids, mask = left_pad([GOLDEN[f"{row}_ids"] for row in ROWS])
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask).logits  # [3, T, V]
+    for i, row in enumerate(ROWS):
+        n = len(GOLDEN[f"{row}_ids"])
+        assert_logits(logits[i, -n:], GOLDEN[f"{row}_logits"])
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_kv_cache_of_complete_blocks_is_exact(model, row):
+    ids, want = GOLDEN[f"{row}_ids"][None], GOLDEN[f"{row}_logits"]
+    cut = META["logits_rows"][row]["cache_cut"]  # the complete blocks before the last one
+    assert cut % BLOCK == 0 and 0 < cut < ids.shape[1]
+    with torch.no_grad():
+        prefix = model(ids[:, :cut], use_cache=True)
+        cached = model(ids[:, cut:], past_key_values=prefix.past_key_values, use_cache=True)
+    k, v = cached.past_key_values[0]
+    assert k.shape == v.shape == (1, 2, ids.shape[1], 32)  # [B, H_kv, T_past + T, Dh]
+    assert_logits(prefix.logits[0], want[:cut])
+    assert_logits(cached.logits[0], want[cut:])
+
+
+def test_kv_cache_left_padded(model):
+    """Rows cached up to different block boundaries, the prefix left-padded, 2-D mask over (cache, new)."""
+    rows, cuts = [GOLDEN["row0_ids"], GOLDEN["row1_ids"]], [8, 16]
+    prefix_ids, prefix_mask = left_pad([r[:c] for r, c in zip(rows, cuts)])  # row0's prefix padded by 8
+    new = torch.stack([r[c:c + BLOCK] for r, c in zip(rows, cuts)])  # [2, 4]: the next block of each
+    with torch.no_grad():
+        past = model(prefix_ids, attention_mask=prefix_mask, use_cache=True).past_key_values
+        mask = torch.cat([prefix_mask, torch.ones_like(new)], dim=1)  # [2, 16 + 4]
+        logits = model(new, attention_mask=mask, past_key_values=past).logits
+    for i, (row, cut) in enumerate(zip(("row0", "row1"), cuts)):
+        assert_logits(logits[i], GOLDEN[f"{row}_logits"][cut:cut + BLOCK])
+
+
+def test_logits_to_keep_and_hidden_states(model):
+    ids, want = GOLDEN["row1_ids"][None], GOLDEN["row1_logits"]
+    with torch.no_grad():
+        out = model(ids, logits_to_keep=5)
+        picked = model(ids, logits_to_keep=torch.tensor([0, 7, 30]))
+    assert_logits(out.logits[0], want[-5:])
+    assert_logits(picked.logits[0], want[[0, 7, 30]])
+    assert out.hidden_states.shape == (1, ids.shape[1], 64)
+    assert_logits(model.lm_head(out.hidden_states)[0], want)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(model):
+    ids = GOLDEN["row0_ids"][None]
+    grads = []
+    for enabled in (False, True):
+        model.zero_grad()
+        (model.gradient_checkpointing_enable if enabled else model.gradient_checkpointing_disable)()
+        model.train()
+        model(ids).logits.logsumexp(-1).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    model.gradient_checkpointing_disable()
+    model.eval()
+    model.zero_grad(set_to_none=True)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+# --------------------------------------------------------------------------------------------
+# The official layout on disk
+# --------------------------------------------------------------------------------------------
+
+
+def test_save_reload_keeps_the_official_layout(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    official = set(load_file(str(MODEL_DIR / "model.safetensors")))
+    assert set(load_file(str(tmp_path / "model.safetensors"))) == official
+    assert json.loads((tmp_path / "config.json").read_text()) == json.loads((MODEL_DIR / "config.json").read_text())
+    again = SDARBackbone.from_pretrained(tmp_path).eval()
+    ids = GOLDEN["row0_ids"][None]
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, model(ids).logits)
+
+
+def test_tied_embeddings_round_trip(tmp_path):
+    src = tmp_path / "tied"
+    shutil.copytree(MODEL_DIR, src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    state = load_file(str(src / "model.safetensors"))
+    del state["lm_head.weight"]
+    save_file(state, str(src / "model.safetensors"))
+    tied = SDARBackbone.from_pretrained(src, dtype=torch.float32)
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    tied.save_pretrained(tmp_path / "out")
+    assert set(load_file(str(tmp_path / "out" / "model.safetensors"))) == set(state)
+
+
+@pytest.mark.parametrize("change", ["rename", "drop"])
+def test_bad_weight_names_are_refused(tmp_path, change):
+    bad = tmp_path / "bad"
+    shutil.copytree(MODEL_DIR, bad)
+    state = load_file(str(bad / "model.safetensors"))
+    weight = state.pop("model.layers.0.self_attn.q_norm.weight")
+    if change == "rename":
+        state["model.layers.0.self_attn.query_norm.weight"] = weight
+    save_file(state, str(bad / "model.safetensors"))
+    with pytest.raises(ModelDirectoryError, match="q_norm"):
+        SDARBackbone.from_pretrained(bad)
+
+
+def test_tokenizer_files_reproduce_their_prompt_ids():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(MODEL_DIR), trust_remote_code=False)
+    assert (tok.mask_token, tok.mask_token_id, tok.eos_token_id, tok.pad_token_id) == ("<|MASK|>", MASK, PAD, PAD)
+    for residue, key in (("1", "p1"), ("3", "p3")):
+        text = tok.apply_chat_template([{"role": "user", "content": META["messages"][residue]}],
+                                       add_generation_prompt=True, tokenize=False)
+        assert tok(text, add_special_tokens=False)["input_ids"] == GOLDEN[f"prompt_{key}"].tolist()
+
+
+# --------------------------------------------------------------------------------------------
+# SDAR's decoding rules (ddrl.sampling.sdar) against the values their sampler computed
+# --------------------------------------------------------------------------------------------
+
+STEP_RUNS = ("p1_dynamic_s4", "p3_dynamic_s4", "p0_dynamic_s2")
+
+
+@pytest.mark.parametrize("run", STEP_RUNS)
+def test_greedy_confidence_is_theirs(run):
+    tokens, probs = tempered_confidence(GOLDEN[f"steps_{run}_logits"], 0.0)
+    assert torch.equal(tokens, GOLDEN[f"steps_{run}_x0"])
+    torch.testing.assert_close(probs, GOLDEN[f"steps_{run}_x0_p"], atol=1e-7, rtol=1e-6)
+
+
+def test_tempered_top_k_top_p_confidence_is_theirs():
+    logits, tempered = GOLDEN["steps_p1_dynamic_s4_logits"], META["tempered"]
+    filtered = tempered["greedy_filtered"]
+    tokens, probs = tempered_confidence(logits, 0.0, filtered["top_k"], filtered["top_p"])
+    assert torch.equal(tokens, GOLDEN["tempered_greedy_filtered_tokens"])
+    torch.testing.assert_close(probs, GOLDEN["tempered_greedy_filtered_probs"], atol=1e-7, rtol=1e-6)
+    seeded = tempered["seeded"]
+    generator = torch.Generator().manual_seed(seeded["seed"])  # their torch.manual_seed(seed), made explicit
+    tokens, probs = tempered_confidence(logits, seeded["temperature"], seeded["top_k"], seeded["top_p"],
+                                        generator=generator)
+    assert torch.equal(tokens, GOLDEN["tempered_seeded_tokens"])
+    torch.testing.assert_close(probs, GOLDEN["tempered_seeded_probs"], atol=1e-7, rtol=1e-6)
+    # ddrl's row noise (Gumbel-max) draws from the same filtered distribution: only kept tokens.
+    u = torch.rand(*logits.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    tokens, probs = tempered_confidence(logits, seeded["temperature"], seeded["top_k"], seeded["top_p"], uniforms=u)
+    kept = logits.topk(seeded["top_k"], dim=-1).indices
+    assert bool((tokens[..., None] == kept).any(-1).all()) and bool((probs > 0).all())
+
+
+@pytest.mark.parametrize("run", STEP_RUNS)
+def test_commit_dynamic_is_theirs(run):
+    """Their commits at every recorded step. Where a step's k exceeds the masked count their top-k
+    over -inf also rewrites decoded positions (p0_dynamic_s2, golden.json notes); there ddrl commits
+    the masked ones only, and the comparison is restricted to masked positions."""
+    masked, theirs = GOLDEN[f"steps_{run}_masked"], GOLDEN[f"steps_{run}_committed"]
+    committed = commit_dynamic(GOLDEN[f"steps_{run}_x0_p"], masked, THRESHOLD, GOLDEN[f"steps_{run}_k"])
+    overwrites = (theirs & ~masked).any(dim=1)  # [S]
+    assert torch.equal(committed[~overwrites], theirs[~overwrites])
+    assert torch.equal(committed[overwrites], theirs[overwrites] & masked[overwrites])
+    assert int(overwrites.sum()) == sum(r["unmasked_positions_overwritten"] for r in META["generate"]["runs"]
+                                        if r["run"] == run)
+
+
+def test_commit_dynamic_by_hand():
+    conf = torch.tensor([[0.9, 0.8, 0.1, 0.95], [0.2, 0.7, 0.3, 0.1], [0.99, 0.2, 0.1, 0.3]])
+    masked = torch.tensor([[True, True, True, False], [True, True, True, True], [False, False, True, False]])
+    got = commit_dynamic(conf, masked, 0.5, torch.tensor([2, 2, 3]))
+    assert got.tolist() == [[True, True, False, False],  # 2 masked above 0.5 >= k: those (never the unmasked 0.95)
+                            [False, True, True, False],  # 1 above < k: the top 2
+                            [False, False, True, False]]  # k > masked: only the masked one
+    assert not commit_dynamic(conf, masked, 0.5, torch.tensor(0)).logical_and(~masked).any()
+    strict = commit_dynamic(torch.tensor([[0.5, 0.5]]), torch.tensor([[True, True]]), 0.5, torch.tensor([1]))
+    assert strict.sum() == 1  # "> threshold": confidences equal to it do not count
+
+
+# --------------------------------------------------------------------------------------------
+# ddrl's sampler (uncached and with the exact block cache) vs block_diffusion_generate
+# --------------------------------------------------------------------------------------------
+
+# Runs in which their top-k over -inf rewrote decoded tokens are not reproducible by design (golden.json notes).
+GEN_RUNS = [r for r in META["generate"]["runs"] if r["unmasked_positions_overwritten"] == 0]
+
+
+def completion_blocks(prompt_length: int, gen_length: int) -> int:
+    """Blocks holding completion tokens: SDAR decodes blocks (prompt_length // B) .. ((P + L - 1) // B)."""
+    return -(-(prompt_length + gen_length) // BLOCK) - prompt_length // BLOCK
+
+
+def ddrl_generate(model: SDARBackbone, prompt_ids, attention_mask, run: dict, cache: str = "none") -> torch.Tensor:
+    from ddrl.models.diffusion_lm import DiffusionLM
+    from ddrl.sampling.masked import generate
+
+    lm = DiffusionLM(model, None, mask_token_id=MASK, vocab_size=VOCAB, block_size=BLOCK, family="sdar").eval()
+    dynamic = run["remasking_strategy"] == "low_confidence_dynamic"
+    steps = run["denoising_steps"] * completion_blocks(run["prompt_length"], run["gen_length"])
+    out = generate(lm, prompt_ids, attention_mask, steps=steps, gen_length=run["gen_length"], block_length=BLOCK,
+                   temperature=0.0, remasking="sdar_dynamic" if dynamic else "low_confidence",
+                   threshold=run["confidence_threshold"] if dynamic else None, mask_id=MASK, cache=cache)
+    return out[:, prompt_ids.shape[1]:]
+
+
+@pytest.mark.parametrize("cache", ["none", "auto"])
+@pytest.mark.parametrize("run", GEN_RUNS, ids=[r["run"] for r in GEN_RUNS])
+def test_sampler_reproduces_block_diffusion_generate(model, run, cache):
+    """ddrl.sampling.masked.generate == block_diffusion_generate's greedy tokens.
+
+    Step mapping. Their loop decodes the blocks prompt_length // B .. (P + L - 1) // B (B = block
+    length; the first may hold the prompt's tail) and runs, per block, at most `denoising_steps`
+    denoising calls (range(denoising_steps + 1), breaking when no mask is left; the extra call only
+    stores the block's KV cache). Step s of a block commits k_s = get_num_transfer_tokens(B,
+    denoising_steps)[s] = B // denoising_steps (+1 for s < B % denoising_steps) tokens under
+    low_confidence_static, and under low_confidence_dynamic all masked positions above the threshold
+    when there are >= k_s of them, else the top k_s. So ddrl's `steps` (model calls in total, split
+    evenly over the completion's blocks) is
+
+        steps = denoising_steps * (ceil((P + L) / B) - floor(P / B))
+
+    and ddrl's steps per block equals denoising_steps. In full blocks ddrl's LLaDA counts
+    (n_masked // spb, +1 in the first n_masked % spb steps) equal k_s; in the partial first block
+    they equal k_s while it is filled when denoising_steps == B (one token per step; the recorded
+    runs use that, or prompts that fill whole blocks), and ddrl's trailing steps there commit
+    nothing. For "sdar_dynamic" the lead's rule should take k_s from B (not from n_masked), clipped
+    to the masked count (commit_dynamic never commits an unmasked position; theirs would overwrite
+    prompt tokens, golden.json notes).
+    """
+    prompt = GOLDEN[f"prompt_{run['prompt']}"][None]
+    got = ddrl_generate(model, prompt, torch.ones_like(prompt), run, cache)
+    assert got[0].tolist() == GOLDEN[f"gen_{run['run']}"].tolist()
+
+
+@pytest.mark.parametrize("cache", ["none", "auto"])
+@pytest.mark.parametrize("strategy", ["static", "dynamic"])
+def test_sampler_left_padded_batch(model, strategy, cache):
+    """p2 (30 tokens) and p2b (22) end 2 tokens into a block, so with the same gen_length their
+    completions share block boundaries; each row must get its unpadded tokens."""
+    runs = {r["run"]: r for r in GEN_RUNS}
+    run = runs[f"p2_{strategy}_s4"]
+    assert runs[f"p2b_{strategy}_s4"]["gen_length"] == run["gen_length"]
+    ids, mask = left_pad([GOLDEN["prompt_p2"], GOLDEN["prompt_p2b"]])
+    got = ddrl_generate(model, ids, mask, run, cache)
+    assert got[0].tolist() == GOLDEN[f"gen_p2_{strategy}_s4"].tolist()
+    assert got[1].tolist() == GOLDEN[f"gen_p2b_{strategy}_s4"].tolist()
