@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="evaluate a model on a task",
                        description="Accuracy (pass@1), pass@k and mean reward on a task's held-out split.")
     p.add_argument("--model", required=True, help="model directory (built-in or Hugging Face)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run the modeling code a Hugging Face directory ships (never needed for LLaDA, MMaDA, "
+                        "Dream, SDAR/TraDo or DiffusionGemma)")
     p.add_argument("--task", required=True, help="task name (see ddrl.tasks) or module:factory")
     p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="task constructor argument")
     p.add_argument("--n", type=int, default=200, help="examples to evaluate (default 200)")
@@ -69,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sample", help="sample completions for a prompt")
     p.add_argument("--model", required=True, help="model directory")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run the modeling code a Hugging Face directory ships (not needed for the native families)")
     p.add_argument("--prompt", required=True, help="prompt text (in the model's format)")
     p.add_argument("--n", type=int, default=1, help="number of samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -154,7 +159,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from ddrl.tasks import get_task
 
     task = get_task(args.task, **_task_kwargs(args.task_arg))  # fail fast on a bad task name
-    model = load_model(args.model)
+    model = load_model(args.model, trust_remote_code=args.trust_remote_code)
     sampler = default_sampler(model, task, **{k: getattr(args, k) for k in _SAMPLER_KEYS})
     result = evaluate(model, task, n=args.n, sampler=sampler, seed=args.seed, k=args.k,
                       batch_size=args.batch_size, output_jsonl=args.output, split=args.split)
@@ -176,7 +181,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from ddrl.models import load_model
     from ddrl.registry import SAMPLERS
 
-    model = load_model(args.model)
+    model = load_model(args.model, trust_remote_code=args.trust_remote_code)
     model.eval()
 
     class _Len:  # default size without a task: 32 new tokens, or what the context leaves

@@ -30,10 +30,22 @@ class ConfigError(ValueError):
 
 @dataclass
 class LoraConfig:
+    """LoRA through peft (ddrl.models.lora). Module names are the backbone's (the checkpoint's weight
+    names without ".weight"). An entry of target_modules / exclude_modules is a name, plain or dotted,
+    matching every module whose full name is it or ends with "." + it (peft's rule: "q_proj",
+    "self_attn.q_proj"), or "re:<regex>" matching whole names ("re:.*vision_tower.*"). Entries that
+    match nothing are logged, not fatal; matching nothing at all is an error. The LM head is adapted
+    only when named by its full path: a name that also reaches it (LLaDA's "ff_out", the name of its
+    blocks' MLP output and of its LM head) skips it with a logged note. LLaDA/MMaDA names: q_proj,
+    k_proj, v_proj, attn_out, ff_proj, up_proj, ff_out; the built-in model, Dream, SDAR and
+    DiffusionGemma: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj."""
+
     rank: int = 0  # LoRA rank; 0 disables LoRA (full fine-tuning)
     alpha: float = 16.0  # LoRA scaling numerator (scale = alpha / rank)
     dropout: float = 0.0  # dropout on the LoRA branch
+    # layers to adapt: names (suffix match) or "re:<regex>" (class docstring)
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    exclude_modules: list[str] = field(default_factory=list)  # never adapted, same syntax: ["re:.*vision_tower.*"]
 
 
 @dataclass
@@ -46,12 +58,12 @@ class ModelConfig:
     n_heads: int = 4  # attention heads
     ffn_mult: float = 2.6667  # SwiGLU hidden size = ffn_mult * d_model (rounded to a multiple of 8)
     max_seq_len: int = 256  # longest prompt + completion the model accepts
-    block_size: int | None = None  # block diffusion block size (block-causal attention); None = full attention
+    block_size: int | None = None  # block-causal block size to build; on load None = the checkpoint's, else must match
     dropout: float = 0.0  # dropout inside the built-in transformer
     dtype: str = "float32"  # parameter dtype: float32 | bfloat16
     bf16_autocast: bool = False  # run forward passes under bf16 autocast (GPU)
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
-    trust_remote_code: bool = True  # allow a local HF directory's modeling code (LLaDA, Dream, SDAR ...)
+    trust_remote_code: bool = False  # run a non-native directory's own code (auto_map); LLaDA/Dream/SDAR never do
     mask_token_id: int | None = None  # override the family's mask id (HF models)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
@@ -64,11 +76,16 @@ class SamplerConfig:
     block_length: int | None = None  # semi-AR block; None = gen_length (one block)
     temperature: float = 1.0  # 0 = greedy
     cfg_scale: float = 0.0  # classifier-free guidance weight (0 = off)
-    remasking: str = "low_confidence"  # low_confidence | random
+    remasking: str = "low_confidence"  # low_confidence | random | sdar_dynamic (SDAR: those above threshold if >= k, else the top k)
     threshold: float | None = None  # confidence-threshold parallel decoding (commit all above it)
     cache: str = "auto"  # KV cache: none (reference) | prefix | dual (Fast-dLLM, approximate) | auto (exact cache on block-causal models, none elsewhere)
     factor: float | None = None  # Fast-dLLM factor rule: commit the largest n with (n+1)(1-c_(n)) < factor
     early_exit: bool = True  # stop spending compute on sequences that already produced EOS
+    # Dream's diffusion_generate (rollout.name=dream) and SDAR's tempered confidence (remasking=sdar_dynamic):
+    alg: str = "entropy"  # dream: which masked positions to commit: origin | entropy | maskgit_plus | topk_margin
+    alg_temp: float | None = None  # dream: sample the positions to commit from softmax(confidence / alg_temp)
+    top_p: float | None = None  # nucleus filter of the token distribution (dream, sdar_dynamic); None = off
+    top_k: int | None = None  # top-k filter of the token distribution (dream, sdar_dynamic); None = off
 
 
 @dataclass
@@ -364,7 +381,14 @@ def validate_sampler(s: SamplerConfig, key: str = "rollout") -> None:
     from ddrl.registry import SAMPLERS
 
     _choice(s.name, SAMPLERS.names(), f"{key}.name")
-    _choice(s.remasking, ("low_confidence", "random"), f"{key}.remasking")
+    _choice(s.remasking, ("low_confidence", "random", "sdar_dynamic"), f"{key}.remasking")
+    _choice(s.alg, ("origin", "entropy", "maskgit_plus", "topk_margin"), f"{key}.alg")  # ddrl.sampling.dream
+    if s.remasking == "sdar_dynamic" and s.threshold is None:
+        raise ConfigError(f"{key}.remasking=sdar_dynamic needs {key}.threshold (SDAR's confidence_threshold, e.g. 0.9)")
+    if s.top_p is not None and not 0.0 < s.top_p <= 1.0:
+        raise ConfigError(f"{key}.top_p must be in (0, 1] or unset, got {s.top_p}")
+    if s.top_k is not None and s.top_k <= 0:
+        raise ConfigError(f"{key}.top_k must be a positive integer or unset, got {s.top_k}")
     _choice(s.cache, ("none", "prefix", "dual", "auto"), f"{key}.cache")  # ddrl.sampling.cache.CACHE_MODES
     if s.gen_length <= 0:
         raise ConfigError(f"{key}.gen_length must be positive, got {s.gen_length}")

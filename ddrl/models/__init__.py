@@ -4,8 +4,11 @@
     model = build_model(cfg.model, tokenizer)                  # a fresh built-in model
     logits = model(input_ids, attention_mask).logits           # [B, T, V]
 
-Only ddrl/models/hf.py imports transformers; it is imported here lazily, when a directory is
-not a built-in one.
+Checkpoint directories that are not built-in go to ddrl.models.hf (native LLaDA, MMaDA, Dream,
+SDAR/TraDo; DiffusionGemma and other models through transformers), imported here lazily: only
+that path imports transformers. Where things live: families.py (which family a directory is),
+hf_tokenizer.py (Hugging Face tokenizers), feeds.py (how masks reach a backbone), backbone.py
+(blocks and LM head of any backbone), lora.py (LoRA), native/ (ddrl's own model code).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ddrl.models.diffusion_lm import DiffusionLM, DiffusionLMOutput
+from ddrl.models.diffusion_lm import DiffusionLM, DiffusionLMOutput, check_requested_block_size, make_process_spec
 from ddrl.models.io import (CONFIG_FILE, HF_WEIGHT_FILES, ModelDirectoryError, atomic_directory, check_model_dir,
                             read_json)
 from ddrl.models.tokenizer import SymbolTokenizer
@@ -23,7 +26,7 @@ from ddrl.models.transformer import MODEL_TYPE, Denoiser, DenoiserConfig, Denois
 
 __all__ = [
     "DiffusionLM", "DiffusionLMOutput", "Denoiser", "DenoiserConfig", "DenoiserOutput", "SymbolTokenizer",
-    "ModelDirectoryError", "atomic_directory", "build_model", "load_model", "resolve_dtype",
+    "ModelDirectoryError", "atomic_directory", "build_model", "load_model", "make_process_spec", "resolve_dtype",
 ]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -40,9 +43,16 @@ def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
 
 def load_model(path: str | Path, *, device: torch.device | str | None = None,
                dtype: torch.dtype | str | None = None, mask_token_id: int | None = None,
-               trust_remote_code: bool = True) -> DiffusionLM:
+               trust_remote_code: bool = False, block_size: int | None = None,
+               require_tokenizer: bool = False) -> DiffusionLM:
     """A saved model directory -> DiffusionLM: built-in (config.json model_type "ddrl_denoiser")
-    or Hugging Face (LLaDA, Dream, SDAR, ... through ddrl.models.hf)."""
+    or a checkpoint directory (LLaDA, Dream, SDAR, ... through ddrl.models.hf).
+
+    trust_remote_code: run modeling code shipped in a non-native directory (ModelConfig.trust_remote_code).
+    block_size:        the block size asked for (ModelConfig.block_size); None = the checkpoint's own,
+                       anything else must equal it.
+    require_tokenizer: fail, before reading weights, when the directory has no tokenizer.
+    """
     directory = check_model_dir(path, weights=HF_WEIGHT_FILES)
     torch_dtype = resolve_dtype(dtype)
     if read_json(directory / CONFIG_FILE).get("model_type") == MODEL_TYPE:
@@ -50,27 +60,16 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
         if mask_token_id is not None and mask_token_id != model.mask_token_id:
             raise ValueError(f"model.mask_token_id={mask_token_id} differs from the built-in model's own "
                              f"({model.mask_token_id}); leave model.mask_token_id unset for built-in models")
+        check_requested_block_size(block_size, model.block_size, f"the built-in model {str(directory)!r}")
+        if require_tokenizer and model.tokenizer is None:
+            raise ModelDirectoryError(f"the built-in model {str(directory)!r} has no tokenizer.json; save the model "
+                                      f"with its tokenizer (DiffusionLM(backbone, tokenizer).save_pretrained)")
         return model
     from ddrl.models import hf  # imports transformers: only for Hugging Face directories
 
     return hf.load_hf_model(str(directory), device=device, dtype=torch_dtype, mask_token_id=mask_token_id,
-                            trust_remote_code=trust_remote_code)
-
-
-def default_process_spec(process: str, schedule: str, mask_token_id: int, block_size: int | None) -> dict[str, Any]:
-    """The process spec of a built-in model built from a ModelConfig. Uniform needs its token
-    range, which only the task knows, so its caller passes the spec itself."""
-    if process == "uniform":
-        raise ValueError(
-            "model.process='uniform' needs the corrupted token range: pass process_spec="
-            "{'name': 'uniform', 'num_classes': N, 'offset': FIRST_ID, 'schedule': ...} to build_model"
-        )
-    spec = {"name": process, "mask_token_id": mask_token_id, "schedule": schedule}
-    if process == "block":
-        if block_size is None:
-            raise ValueError("model.process='block' needs model.block_size (the block diffusion block length); set it")
-        spec["block_size"] = block_size
-    return spec
+                            trust_remote_code=trust_remote_code, block_size=block_size,
+                            require_tokenizer=require_tokenizer)
 
 
 def build_model(model_cfg: Any, tokenizer: Any, *, process_spec: dict[str, Any] | None = None,
@@ -83,6 +82,10 @@ def build_model(model_cfg: Any, tokenizer: Any, *, process_spec: dict[str, Any] 
         raise ValueError(
             f"model.path={model_cfg.path!r} is set: load that model with load_model, or unset model.path to build one"
         )
+    spec = process_spec or make_process_spec(model_cfg.process, mask_token_id=tokenizer.mask_token_id,
+                                             schedule=model_cfg.schedule)
+    if spec["name"] == "block" and model_cfg.block_size is None:
+        raise ValueError("model.process='block' needs model.block_size (the block diffusion block length); set it")
     config = DenoiserConfig(
         vocab_size=tokenizer.vocab_size,
         d_model=model_cfg.d_model,
@@ -94,10 +97,8 @@ def build_model(model_cfg: Any, tokenizer: Any, *, process_spec: dict[str, Any] 
         dropout=model_cfg.dropout,
     )
     backbone = Denoiser(config, seed=generator_seed)
-    spec = process_spec or default_process_spec(model_cfg.process, model_cfg.schedule, tokenizer.mask_token_id,
-                                                 model_cfg.block_size)
-    model = DiffusionLM(
-        backbone, tokenizer, block_size=model_cfg.block_size, process_spec=spec, family="ddrl",
+    model = DiffusionLM(  # block_size: the backbone config's
+        backbone, tokenizer, process_spec=spec, family="ddrl",
         # An absorbing process never has the mask as a clean token, so the denoiser never predicts it.
         suppress_mask_logit="mask_token_id" in spec,
     )

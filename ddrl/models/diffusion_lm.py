@@ -10,6 +10,11 @@ predicts token i + 1. `logits_shifted=True` undoes that here, once, so no caller
 about it. Position 0 has no prediction of its own after the shift and repeats position 0's
 logits (it is always a prompt token). With a KV cache the first new position has the same issue:
 a caller that needs its prediction must include the token before it in the new chunk.
+
+**One source for the block size.** `DiffusionLM.block_size` is read from the backbone's own
+config (the built-in DenoiserConfig, a checkpoint's config.json through ddrl.models.families);
+a block process's spec carries no copy of its own: `process_spec["block_size"]` is derived from
+the model's on every read. `make_process_spec` is the one place a process spec is written.
 """
 
 from __future__ import annotations
@@ -33,9 +38,43 @@ from ddrl.models.transformer import Denoiser
 # by a sampling temperature as small as 1e-30 still stays finite in float32.
 SUPPRESSED_LOGIT = -1e4
 
-# The keys of config.json's "ddrl" section, i.e. the constructor arguments restored on load.
+# The keys of config.json's "ddrl" section that are constructor arguments restored on load. The
+# section also records block_size, which is not one of them: it is the backbone config's.
 _SAVED_FIELDS = ("mask_token_id", "pad_token_id", "eos_token_id", "bos_token_id", "vocab_size", "logits_shifted",
-                 "block_size", "process_spec", "family", "suppress_mask_logit")
+                 "process_spec", "family", "suppress_mask_logit")
+
+
+def make_process_spec(process: str, *, mask_token_id: int | None = None, schedule: str | None = None,
+                      num_classes: int | None = None, offset: int = 0) -> dict[str, Any]:
+    """{"name": <registered process>, **its constructor kwargs}: the one place a spec is written.
+
+    masked / block: the absorbing id (a block process gets its block_size from the DiffusionLM
+    that holds the spec). uniform: the corrupted token range [offset, offset + num_classes).
+    schedule: the noise schedule name, or None for the process's default.
+    """
+    if process == "uniform":
+        if num_classes is None:
+            raise ValueError("a uniform process needs the corrupted token range: pass process_spec="
+                             "{'name': 'uniform', 'num_classes': N, 'offset': FIRST_ID, 'schedule': ...} to build_model")
+        spec: dict[str, Any] = {"name": "uniform", "num_classes": int(num_classes), "offset": int(offset)}
+    else:
+        if mask_token_id is None:
+            raise ValueError(f"a {process!r} process needs mask_token_id (the absorbing-state id); pass it")
+        spec = {"name": process, "mask_token_id": int(mask_token_id)}
+    if schedule is not None:
+        spec["schedule"] = schedule
+    return spec
+
+
+def check_requested_block_size(requested: int | None, actual: int | None, where: str) -> None:
+    """A block size asked for (model.block_size) must be the model's own; None asks for nothing."""
+    if requested is None or (actual is not None and int(requested) == int(actual)):
+        return
+    if actual is None:
+        raise ValueError(f"model.block_size={requested}, but {where} is a full-attention model (no block-causal "
+                         f"attention); unset model.block_size (rollout.block_length sets the sampler's blocks)")
+    raise ValueError(f"model.block_size={requested} contradicts {where}, whose block size is {actual} (it was trained "
+                     f"with it); unset model.block_size or set it to {actual}")
 
 
 @dataclass
@@ -52,8 +91,10 @@ class DiffusionLM(nn.Module):
     mask_token_id:       the absorbing-state id; must be < vocab_size.
     vocab_size:          logits width; default: the backbone's config.vocab_size, else the tokenizer's.
     logits_shifted:      True for AR-initialised models (Dream) whose position i predicts token i + 1.
-    block_size:          block diffusion block size (block-causal attention); None = full attention.
-    process_spec:        {"name": <registered process>, **constructor kwargs}; `process` builds it.
+    block_size:          block diffusion block size (block-causal attention); None = the backbone
+                         config's block_size, else full attention.
+    process_spec:        {"name": <registered process>, **constructor kwargs} (make_process_spec);
+                         `process` builds it. A block_size in it must agree with the model's.
     family:              "ddrl", "llada", "dream", "sdar", ...: which adapter made it.
     suppress_mask_logit: give the mask token a logit of -1e4, so the denoiser never predicts it
                          (MDLM's SUBS parameterisation). On for built-in models of an absorbing
@@ -91,17 +132,30 @@ class DiffusionLM(nn.Module):
             )
         if block_size is None:
             block_size = getattr(backbone_config, "block_size", None)
-        self.block_size = block_size
         self.logits_shifted = bool(logits_shifted)
         self.family = family
         self.suppress_mask_logit = bool(suppress_mask_logit)
-        if process_spec is None:
-            process_spec = ({"name": "block", "mask_token_id": self.mask_token_id, "block_size": block_size}
-                            if block_size is not None else {"name": "masked", "mask_token_id": self.mask_token_id})
-        self.process_spec = dict(process_spec)
+        spec = dict(process_spec) if process_spec is not None else make_process_spec(
+            "block" if block_size is not None else "masked", mask_token_id=self.mask_token_id)
+        spec_block = spec.pop("block_size", None)
+        if spec_block is not None and block_size is not None and int(spec_block) != int(block_size):
+            raise ValueError(f"process_spec block_size={spec_block} contradicts the model's block_size={block_size}; "
+                             f"drop block_size from process_spec (a block process uses the model's)")
+        block_size = block_size if block_size is not None else spec_block
+        if spec.get("name") == "block" and block_size is None:
+            raise ValueError("a block process needs the model's block size: pass block_size (model.block_size)")
+        self.block_size = None if block_size is None else int(block_size)
+        self._process_spec = spec
         self._check_process_spec()
         self._process: Any = None
         self._process_key: str | None = None
+
+    @property
+    def process_spec(self) -> dict[str, Any]:
+        """The forward process's spec; a block process's block_size is this model's, derived on every read."""
+        if self._process_spec.get("name") == "block":
+            self._process_spec["block_size"] = self.block_size
+        return self._process_spec
 
     def _check_process_spec(self) -> None:
         spec = self.process_spec
@@ -184,7 +238,10 @@ class DiffusionLM(nn.Module):
 
     def ddrl_config(self) -> dict[str, Any]:
         """The "ddrl" section of config.json: everything the constructor needs besides backbone and tokenizer."""
-        return {name: getattr(self, name) for name in _SAVED_FIELDS}
+        saved = {name: getattr(self, name) for name in _SAVED_FIELDS}
+        saved["process_spec"] = {k: v for k, v in self.process_spec.items() if k != "block_size"}  # derived
+        saved["block_size"] = self.block_size  # a record, read only where the checkpoint's config names none
+        return saved
 
     def save_pretrained(self, directory: str | Path, *, state_dict: dict[str, Tensor] | None = None,
                         merge_adapter: bool = False) -> None:
@@ -223,7 +280,7 @@ class DiffusionLM(nn.Module):
         backbone = Denoiser.from_pretrained(path, device=device, dtype=dtype)  # checks the model type
         config = read_json(path / CONFIG_FILE)
         tokenizer = SymbolTokenizer.from_pretrained(path) if (path / TOKENIZER_FILE).is_file() else None
-        saved = config.get("ddrl", {})
+        saved = config.get("ddrl", {})  # its block_size is a record: the backbone config's is the model's
         model = cls(backbone, tokenizer, **{k: saved[k] for k in _SAVED_FIELDS if k in saved})
         return load_saved_adapter(model, path)
 

@@ -8,13 +8,36 @@
 
 apply_lora wraps the backbone (`model.model`) in a peft PeftModel and keeps the DiffusionLM
 wrapper, so samplers, estimators and the trainer see the same object. Only the adapter's A and B
-matrices are trainable. The built-in Denoiser uses LLaMA's module names (q_proj, k_proj, v_proj,
-o_proj, gate_proj, up_proj, down_proj), so target lists written for Hugging Face models apply.
+matrices are trainable.
+
+**Which layers** (`lora_targets`). Module names are the backbone's (`model.model.named_modules()`,
+i.e. the checkpoint's weight names without ".weight"). Each entry of target_modules and
+exclude_modules is, as in peft:
+  * a name, plain or dotted ("q_proj", "self_attn.q_proj"): every module whose full name is it or
+    ends with "." + it (peft's rule for a list);
+  * "re:<regex>": every module whose full name the regex matches entirely (peft's rule for a string).
+Only nn.Linear layers are adapted (a matched wrapper such as DiffusionGemma's vision-tower
+Gemma4ClippableLinear is skipped with a note; its inner `.linear` can be named, or the tower
+excluded: exclude_modules: ["re:.*vision_tower.*"]). Entries that match nothing are reported in a
+warning, not an error (d1's LLaMA-named list matched only q/k/v/up_proj on LLaDA); nothing matched
+at all is an error listing the model's linear layer names. The log (logger "ddrl") lists the
+wrapped layers.
+
+**The LM head** (backbone.get_output_embeddings() or its `lm_head`) is adapted only when an
+entry is its full dotted path. An entry that reaches it otherwise is read as meaning the blocks:
+LLaDA's blocks call their MLP output `ff_out`, and so is its untied LM head
+(`model.transformer.ff_out`), so "ff_out" adapts the blocks and skips the head with a logged note.
+An entry that would match the head and nothing else ("lm_head") is an error naming the path.
+
+Module names per family: the built-in Denoiser, Dream, SDAR and DiffusionGemma's text layers use
+LLaMA's (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj); LLaDA and MMaDA use
+q_proj, k_proj, v_proj, attn_out (attention output), ff_proj (gate), up_proj, ff_out (down).
 
 A LoRA model's save_pretrained (so every trainer checkpoint) writes the *base* weights as a plain
 model directory plus the adapter in DIR/adapter/; load_model re-attaches it, so a checkpoint
 resumes and evaluates as it was trained. The base weights are written so that the directory stays
-self-contained; merge_and_save writes the deployable merged model instead.
+self-contained; merge_and_save writes the deployable merged model instead. The adapter's
+adapter_config.json names the wrapped layers exactly (one regex of their full names).
 
 Merging is computed from a state dict (W + scale * B @ A per adapted linear layer), not by
 peft's in-place merge, so it neither modifies the training model nor needs unsharded modules:
@@ -24,7 +47,10 @@ a sharded (FSDP2) run merges the gathered full state dict.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +58,14 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from ddrl.models.backbone import output_projection
 from ddrl.models.diffusion_lm import ADAPTER_DIR, DiffusionLM, save_backbone
 
-__all__ = ["apply_lora", "save_adapter", "load_adapter", "merge_and_save", "split_lora_state", "is_lora"]
+__all__ = ["apply_lora", "lora_targets", "save_adapter", "load_adapter", "merge_and_save", "split_lora_state",
+           "is_lora"]
+
+logger = logging.getLogger("ddrl")
+REGEX_PREFIX = "re:"  # a target_modules / exclude_modules entry that is a regex over full module names
 
 ADAPTER = "default"  # the peft adapter name ddrl uses
 _PEFT_PREFIX = "base_model.model."  # what peft puts before the base model's parameter names
@@ -46,7 +77,8 @@ def is_lora(model: Any) -> bool:
 
 
 def apply_lora(model: DiffusionLM, cfg: Any, *, seed: int = 0) -> DiffusionLM:
-    """Add a LoRA adapter (ddrl.config.LoraConfig: rank, alpha, dropout, target_modules) to the backbone.
+    """Add a LoRA adapter (ddrl.config.LoraConfig: rank, alpha, dropout, target_modules,
+    exclude_modules) to the backbone, on the layers lora_targets picks (module docstring).
 
     Returns the same DiffusionLM, its backbone now a peft PeftModel whose base weights are frozen.
     A is drawn as peft draws it (Kaiming-uniform, bound 1/sqrt(fan_in)) but from a generator seeded
@@ -60,14 +92,9 @@ def apply_lora(model: DiffusionLM, cfg: Any, *, seed: int = 0) -> DiffusionLM:
         raise ValueError("this model already has a LoRA adapter; apply_lora once")
     if not isinstance(cfg.rank, int) or cfg.rank <= 0:
         raise ValueError(f"model.lora.rank must be a positive integer to apply LoRA, got {cfg.rank!r}")
-    targets = list(cfg.target_modules or [])
-    linear_names = sorted({name.rsplit(".", 1)[-1] for name, m in model.model.named_modules()
-                           if isinstance(m, nn.Linear)})
-    missing = [t for t in targets if t not in linear_names]
-    if not targets or missing:
-        raise ValueError(f"model.lora.target_modules {targets} names no linear layer {missing or ''} of this "
-                         f"{type(model.model).__name__}; its linear layers are: {', '.join(linear_names)}")
-    peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
+    names = lora_targets(model.model, list(cfg.target_modules or []), list(getattr(cfg, "exclude_modules", None) or []))
+    exact = "(?:" + "|".join(re.escape(n) for n in names) + ")"  # peft fullmatches a string target
+    peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=exact,
                               bias="none")
     model.model = get_peft_model(model.model, peft_cfg)
     g = torch.Generator().manual_seed(seed)
@@ -77,6 +104,77 @@ def apply_lora(model: DiffusionLM, cfg: Any, *, seed: int = 0) -> DiffusionLM:
                 bound = 1.0 / math.sqrt(p.shape[1])
                 p.copy_((torch.rand(p.shape, generator=g, dtype=torch.float32) * 2 - 1) * bound)
     return model
+
+
+def _matches(entry: str, name: str) -> bool:
+    if entry.startswith(REGEX_PREFIX):
+        return re.fullmatch(entry[len(REGEX_PREFIX):], name) is not None
+    return name == entry or name.endswith("." + entry)
+
+
+def lora_targets(backbone: nn.Module, targets: list[str], exclude: list[str] | None = None) -> list[str]:
+    """The full names of the linear layers LoRA wraps (rules in the module docstring); logs them.
+
+    Errors, before any adapter is built: nothing matched; an entry that matches only the LM head
+    without being its full path; a malformed regex.
+    """
+    exclude = list(exclude or [])
+    for entry in targets + exclude:
+        if entry.startswith(REGEX_PREFIX):
+            try:
+                re.compile(entry[len(REGEX_PREFIX):])
+            except re.error as e:
+                raise ValueError(f"model.lora entry {entry!r} is not a valid regex ({e}); write 're:<python regex>' "
+                                 f"matching whole module names") from None
+    modules = {name: m for name, m in backbone.named_modules() if name}
+    head = output_projection(backbone)
+    head_name = head[0] if head is not None else None
+    excluded = {n for n in modules if any(_matches(e, n) for e in exclude)}
+    chosen: list[str] = []
+    unmatched: list[str] = []
+    skipped_head: list[str] = []
+    not_linear: set[str] = set()
+    for entry in targets:
+        hits = [n for n in modules if _matches(entry, n)]
+        if hits and all(n in excluded for n in hits):
+            continue  # asked for and excluded: exclude_modules wins, nothing to report
+        hits = [n for n in hits if n not in excluded]
+        not_linear.update(n for n in hits if not isinstance(modules[n], nn.Linear))
+        hits = [n for n in hits if isinstance(modules[n], nn.Linear)]
+        if head_name in hits and entry != head_name:
+            hits.remove(head_name)
+            if not hits:
+                raise ValueError(f"model.lora.target_modules entry {entry!r} matches only the LM head "
+                                 f"{head_name!r}; LoRA on the LM head must be asked for by its full path "
+                                 f"(target_modules: [{head_name}]), or drop {entry!r}")
+            skipped_head.append(entry)
+        if not hits:
+            unmatched.append(entry)
+        chosen += [n for n in hits if n not in chosen]
+    if not chosen:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in modules.items() if isinstance(m, nn.Linear)})
+        raise ValueError(f"model.lora.target_modules {targets} (exclude_modules {exclude}) matches no linear layer of "
+                         f"this {type(backbone).__name__}; its linear layers are named: {', '.join(linear)} (plain or "
+                         f"dotted names match name suffixes, 're:<regex>' whole names)")
+    if unmatched:
+        logger.warning("LoRA: model.lora.target_modules entries that match no linear layer of %s (ignored): %s",
+                       type(backbone).__name__, ", ".join(unmatched))
+    if skipped_head:
+        logger.info("LoRA: the LM head %s is not adapted although %s match it: name it by its full path to adapt it",
+                    head_name, ", ".join(repr(e) for e in skipped_head))
+    if not_linear:
+        logger.info("LoRA: skipped %d matched modules that are not nn.Linear (e.g. %s); name their inner linear "
+                    "layers, or exclude them with exclude_modules", len(not_linear), sorted(not_linear)[0])
+    logger.info("LoRA wraps %d linear layers: %s", len(chosen), _summarise(chosen))
+    return chosen
+
+
+def _summarise(names: list[str]) -> str:
+    """["a.0.q", "a.1.q", "b"] -> "a.*.q (x2), b": layer indices folded, so an 8B model's list stays readable."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        groups[re.sub(r"\.\d+(?=\.|$)", ".*", name)].append(name)
+    return ", ".join(found[0] if len(found) == 1 else f"{key} (x{len(found)})" for key, found in groups.items())
 
 
 # --------------------------------------------------------------------------------------------

@@ -52,8 +52,9 @@ token before the block: prompt or previous block), and the cache ends before tha
     boolean [R, T_new, T_past + T_new] mask used as given.
 A model whose forward takes no past_key_values, or that returns none, is run without cache, with
 a one-time warning (cost, not samples, changes: "prefix"/"dual" then give the reference tokens).
-Through ddrl.models.hf this holds for the "native", "dream" and "block" attention modes (a tiny
-causal LLaMA is tested); LLaDA/MMaDA ("unpadded") and DiffusionGemma return no cache and fall back.
+ddrl's native LLaDA, MMaDA, Dream and SDAR backbones (ddrl.models.native) do all of it, as does a
+Hugging Face model through the "native" feed (a tiny causal LLaMA is tested); the "unpadded" feed
+(opt-in, for remote code that ignores attention_mask) and DiffusionGemma return no cache and fall back.
 """
 
 from __future__ import annotations

@@ -39,19 +39,17 @@ def _load_pairs(cfg: PretrainConfig, task: Any) -> tuple[list[dict], list[dict]]
 
 
 def _process_spec(cfg: PretrainConfig, task: Any, tokenizer: Any) -> dict[str, Any]:
-    kind = cfg.model.process
-    if kind == "uniform":
+    """model.process -> its spec; a uniform process corrupts the task's uniform_symbols only."""
+    from ddrl.models import make_process_spec
+
+    if cfg.model.process == "uniform":
         symbols = task.uniform_symbols
         if not symbols:
             raise ValueError(f"model.process=uniform needs a task with uniform_symbols; {task.name!r} has none")
-        return {"name": "uniform", "num_classes": len(symbols),
-                "offset": tokenizer.convert_tokens_to_ids(symbols[0]), "schedule": cfg.model.schedule}
-    if kind == "block":
-        if not cfg.model.block_size:
-            raise ValueError("model.process=block needs model.block_size (e.g. 4)")
-        return {"name": "block", "mask_token_id": tokenizer.mask_token_id, "block_size": cfg.model.block_size,
-                "schedule": cfg.model.schedule}
-    return {"name": "masked", "mask_token_id": tokenizer.mask_token_id, "schedule": cfg.model.schedule}
+        offset = tokenizer.convert_tokens_to_ids(symbols[0])
+        return make_process_spec("uniform", num_classes=len(symbols), offset=offset, schedule=cfg.model.schedule)
+    # block: its block_size is model.block_size, held by the model (build_model checks it is set)
+    return make_process_spec(cfg.model.process, mask_token_id=tokenizer.mask_token_id, schedule=cfg.model.schedule)
 
 
 def _loss(model: Any, x0: torch.Tensor, eligible: torch.Tensor, attn: torch.Tensor, P: int,
@@ -75,7 +73,8 @@ def pretrain(config: str | Path | dict | PretrainConfig, overrides: list[str] | 
         raise ValueError("pretraining data is empty; check data.jsonl or data.n_train")
 
     if cfg.model.path:
-        model = load_model(cfg.model.path)
+        model = load_model(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code, block_size=cfg.model.block_size,
+                           require_tokenizer=True)
         tokenizer = model.tokenizer
     else:
         tokenizer = SymbolTokenizer(task.symbols())

@@ -102,7 +102,8 @@ class Trainer:
             raise ValueError("model.path is required for RL: point it at a pretrained model directory "
                              "(e.g. checkpoints/mini_sudoku-masked) or run `ddrl pretrain` first")
         model = load_model(self.cfg.model.path, dtype=self.cfg.model.dtype, mask_token_id=self.cfg.model.mask_token_id,
-                           trust_remote_code=self.cfg.model.trust_remote_code)
+                           trust_remote_code=self.cfg.model.trust_remote_code, block_size=self.cfg.model.block_size,
+                           require_tokenizer=True)
         if getattr(model, "mask_token_id", None) is None:
             raise ValueError(f"model {self.cfg.model.path!r} has no mask token; set model.mask_token_id")
         lora = self.cfg.model.lora
@@ -437,7 +438,7 @@ class Trainer:
         if last is None:
             return  # nothing to resume: start fresh
         state = ckpt.load_trainer_state(last)
-        loaded = load_model(last)
+        loaded = load_model(last, trust_remote_code=self.cfg.model.trust_remote_code)
         load_full_state(self.model, self.opt, loaded.state_dict(), state["optimizer"])  # any strategy
         self.sched.load_state_dict(state["scheduler"])
         self.step = int(state["step"])

@@ -1,8 +1,10 @@
-"""Hugging Face directories -> DiffusionLM, offline: remote code, family facts, padding, Dream's shift,
-block attention, MMaDA's image codebook, DiffusionGemma, save/load round trips.
+"""Checkpoint directories through transformers, offline: the remote-code path (opt-in, its errors),
+family detection, the unpadded feed, the tokenizer wrapper, save/load, DiffusionGemma.
 
 Every model here is written by the test itself: a tiny remote-code model (a modeling file with a
-PretrainedConfig + PreTrainedModel pair, config.json with auto_map) and a WordLevel tokenizer.
+PretrainedConfig + PreTrainedModel pair, config.json with auto_map) and a WordLevel tokenizer. Their
+model_type names no native family: native families (LLaDA, MMaDA, Dream, SDAR) never run remote
+code and are tested in test_model_loading.py.
 """
 
 from __future__ import annotations
@@ -124,16 +126,21 @@ def write_tokenizer(directory: Path, vocab_size: int, chat_template: str | None 
     tok.save_pretrained(str(directory))
 
 
-def write_tiny_model(directory: Path, *, model_type: str = "llada", ignores_mask: bool = True,
+def write_tiny_model(directory: Path, *, model_type: str = "tiny", ignores_mask: bool = False,
                      supports_gc: bool = False, vocab_size: int = 32, seed: int = 0, tokenizer: bool = True,
-                     **config: object) -> Path:
-    """A remote-code model directory (config.json with auto_map + modeling_tiny.py + weights + tokenizer)."""
+                     attention: str | None = None, **config: object) -> Path:
+    """A remote-code model directory (config.json with auto_map + modeling_tiny.py + weights + tokenizer).
+
+    attention: the ddrl feed to record in config.json's "ddrl" section ("unpadded" for a model that
+    ignores attention_mask, as LLaDA's hub code does); None = the family's."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "modeling_tiny.py").write_text(
         MODELING.format(model_type=model_type, ignores_mask=ignores_mask, supports_gc=supports_gc))
     auto_map = {"AutoConfig": "modeling_tiny.TinyConfig", "AutoModel": "modeling_tiny.TinyModel"}
     cfg = {"model_type": model_type, "architectures": ["TinyModel"], "auto_map": auto_map,
            "vocab_size": vocab_size, **config}
+    if attention is not None:
+        cfg["ddrl"] = {"attention": attention}
     (directory / "config.json").write_text(json.dumps(cfg))
     # Weights: initialise through the remote code once, so the directory is a complete HF model.
     from transformers import AutoConfig, AutoModel
@@ -170,36 +177,92 @@ def test_family_detection_reads_model_type_architectures_and_auto_map():
     assert detect_family({"model_type": "qwen3", "auto_map": {"AutoModel": "modeling_trado.TraDoModel"}}) == "sdar"
     assert detect_family({"model_type": "diffusion_gemma"}) == "diffusion_gemma"
     assert detect_family({"model_type": "bert"}) == "generic"
+    assert detect_family({"model_type": "tiny", "architectures": ["TinyModel"]}) == "generic"
 
 
-def test_llada_remote_code_loads_offline_with_family_mask_rule_and_override(tmp_path):
-    from ddrl.models.hf import HFDiffusionLM, HFTokenizer
+def test_remote_code_loads_offline_with_tokenizer_mask_and_override(tmp_path):
+    from ddrl.models.hf import HFDiffusionLM, HFTokenizer, load_hf_model
 
-    # Family rule: a LLaDA-sized vocabulary and no mask id in config.json -> LLaDA's 126336.
-    big = write_tiny_model(tmp_path / "big", vocab_size=126464, hidden_size=8, num_layers=1, num_heads=1)
-    model = load_model(big)
+    d = write_tiny_model(tmp_path / "m")
+    model = load_model(d, trust_remote_code=True)
     assert isinstance(model, HFDiffusionLM) and isinstance(model.tokenizer, HFTokenizer)
-    assert (model.family, model.mask_token_id, model.attention) == ("llada", 126336, "unpadded")
-    assert model.process_spec == {"name": "masked", "mask_token_id": 126336}
-    assert model(torch.tensor([[5, 6, 7]])).logits.shape == (1, 3, 126464)
-
-    # The same rule on a small vocabulary is an error that names the fix; the override wins.
-    small = write_tiny_model(tmp_path / "small")
-    with pytest.raises(ValueError, match="mask_token_id"):
-        load_model(small)
-    from ddrl.models.hf import load_hf_model
-
-    model = load_hf_model(small, mask_token_id=3)
-    assert model.mask_token_id == 3 and model.tokenizer.mask_token_id == 3
+    assert (model.family, model.mask_token_id, model.attention) == ("generic", 3, "native")  # the tokenizer's <mask>
+    assert model.process_spec == {"name": "masked", "mask_token_id": 3}
     assert model.vocab_size == 32 and model.pad_token_id == 0 and model.eos_token_id == 1
+    assert model(torch.tensor([[5, 6, 7]])).logits.shape == (1, 3, 32)
+
+    model = load_hf_model(d, mask_token_id=2, trust_remote_code=True)  # the override wins
+    assert model.mask_token_id == 2 and model.tokenizer.mask_token_id == 2
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 32\).*model.mask_token_id"):
+        load_hf_model(d, mask_token_id=99, trust_remote_code=True)
 
 
-def test_remote_code_needs_trust(tmp_path):
+def test_remote_code_is_off_by_default_and_the_error_names_the_files(tmp_path):
+    from ddrl.config import ModelConfig
     from ddrl.models.hf import load_hf_model
 
+    assert ModelConfig().trust_remote_code is False
     d = write_tiny_model(tmp_path / "m", mask_token_id=3)
-    with pytest.raises(ValueError, match="trust_remote_code"):
-        load_hf_model(d, trust_remote_code=False)
+    for load in (load_model, load_hf_model):
+        with pytest.raises(ValueError, match=r"runs modeling_tiny\.py .*model\.trust_remote_code=true"):
+            load(d)
+
+
+# Remote code written for another transformers release, as the hub's dLLM files are (issue 13):
+#   post_init: LLaDA's class never calls post_init() -> AttributeError all_tied_weights_keys;
+#   rope: Dream's reads ROPE_INIT_FUNCTIONS['default'] -> KeyError;
+#   import: SDAR imports transformers.modeling_attn_mask_utils -> ModuleNotFoundError.
+BROKEN = {
+    "post_init": ("", "", "AttributeError"),
+    "rope": ("from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS\n", "ROPE_INIT_FUNCTIONS['default']",
+             "KeyError"),
+    "import": ("from transformers.modeling_attn_mask_utils import AttentionMaskConverter\n", "", "ModuleNotFoundError"),
+}
+BROKEN_MODELING = """
+{imports}
+import torch
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+
+class OldConfig(PretrainedConfig):
+    model_type = "old_tiny"
+
+    def __init__(self, vocab_size=16, **kwargs):
+        self.vocab_size = vocab_size
+        super().__init__(**kwargs)
+
+
+class OldModel(PreTrainedModel):
+    config_class = OldConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        {init}
+        self.lm_head = nn.Linear(4, config.vocab_size)  # no self.post_init()
+"""
+
+
+@pytest.mark.parametrize("kind", sorted(BROKEN))
+def test_remote_code_that_does_not_run_on_the_pinned_transformers_names_the_incompatibility(tmp_path, kind):
+    import transformers
+
+    from ddrl.models.hf import RemoteCodeError
+
+    imports, init, exception = BROKEN[kind]
+    (tmp_path / "modeling_old.py").write_text(BROKEN_MODELING.format(imports=imports, init=init or "pass"))
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "old_tiny", "architectures": ["OldModel"], "vocab_size": 16, "mask_token_id": 3,
+        "auto_map": {"AutoConfig": "modeling_old.OldConfig", "AutoModel": "modeling_old.OldModel"}}))
+    from safetensors.torch import save_file
+
+    weights = {"lm_head.weight": torch.zeros(16, 4), "lm_head.bias": torch.zeros(16)}
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    with pytest.raises(RemoteCodeError) as info:
+        load_model(tmp_path, trust_remote_code=True)
+    message = str(info.value)
+    assert exception in message and "modeling_old.py" in message and transformers.__version__ in message
+    assert "natively" in message and "LM head" not in message
 
 
 def test_hf_tokenizer_encodes_without_specials_and_prompts_with_bos_or_chat_template(tmp_path):
@@ -213,6 +276,7 @@ def test_hf_tokenizer_encodes_without_specials_and_prompts_with_bos_or_chat_temp
     assert tok.encode("w0 w1") == [4, 5]
     assert tok.encode_prompt("w0 w1") == [2, 4, 5]  # no chat template: BOS + text
     assert tok.decode([4, 1, 5]) == "w0 w1"  # specials skipped
+    assert tok.decode([4, 16, 5, 151000]) == "w0 w1"  # ids past the tokenizer (a padded vocabulary) have no text
     write_tokenizer(tmp_path / "chat", 16, chat_template="{% for m in messages %}<bos> w9 {{ m['content'] }} "
                                                           "{% endfor %}{% if add_generation_prompt %}w8{% endif %}")
     chat = HFTokenizer(AutoTokenizer.from_pretrained(str(tmp_path / "chat"), local_files_only=True))
@@ -220,15 +284,16 @@ def test_hf_tokenizer_encodes_without_specials_and_prompts_with_bos_or_chat_temp
 
 
 # --------------------------------------------------------------------------------------------
-# Padding (ANCHORS complaint 5), Dream's shift, block attention
+# Remote code that ignores the attention mask: the "unpadded" feed
 # --------------------------------------------------------------------------------------------
 
 
-def test_llada_left_padded_batch_gives_the_unpadded_logits(tmp_path):
+def test_mask_ignoring_remote_code_left_padded_batch_gives_the_unpadded_logits(tmp_path):
     from transformers import AutoModel
 
-    d = write_tiny_model(tmp_path / "m", mask_token_id=3)
-    model = load_model(d).eval()
+    d = write_tiny_model(tmp_path / "m", mask_token_id=3, ignores_mask=True, attention="unpadded")
+    model = load_model(d, trust_remote_code=True).eval()
+    assert model.attention == "unpadded"
     rows = [[2, 4, 5, 6, 7, 8], [2, 9, 3], [2, 10, 11, 3, 3], [2, 12, 13]]
     ids, mask = padded_batch(rows)
     with torch.no_grad():
@@ -241,98 +306,21 @@ def test_llada_left_padded_batch_gives_the_unpadded_logits(tmp_path):
         raw_batched = raw(ids, attention_mask=mask).logits
         short = raw(torch.tensor([rows[1]])).logits[0]
         assert (raw_batched[1, mask[1]] - short).abs().max() > 1e-2
+    with pytest.raises(ValueError, match="without a KV cache"):
+        model(ids, attention_mask=mask, past_key_values=[])
 
 
-def _oracle_dir(tmp_path: Path, model_type: str, shift: int) -> Path:
-    return write_tiny_model(tmp_path / model_type, model_type=model_type, ignores_mask=False, mask_token_id=3,
-                            oracle_scale=50.0, oracle_shift=shift, oracle_offset=4, oracle_period=5)
-
-
-def test_dream_logits_are_shifted_so_samplers_and_estimators_read_the_right_position(tmp_path):
-    from ddrl.config import SamplerConfig
-    from ddrl.models.hf import load_hf_model
-    from ddrl.registry import SAMPLERS
-
-    import ddrl.sampling  # noqa: F401  (registers the samplers)
-
-    d = _oracle_dir(tmp_path, "dream", shift=1)  # the backbone at position p predicts the token of p + 1
-    model = load_model(d).eval()
-    assert (model.family, model.logits_shifted, model.attention) == ("dream", True, "dream")
-    prompt_ids, prompt_mask = padded_batch([[2, 4, 5], [2, 6]])
-    cfg = SamplerConfig(steps=6, gen_length=6, block_length=6, temperature=0.0, early_exit=False)
-
-    def oracle(p: torch.Tensor) -> torch.Tensor:
-        return 4 + p % 5
-
-    real = prompt_mask.sum(1, keepdim=True)  # the completion starts at position n_real
-    expected = oracle(real + torch.arange(6))
-    out = SAMPLERS.get("masked")(model, prompt_ids, prompt_mask, cfg, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(out.completion_ids, expected)
-
-    # Without the shift the same sampler reads every prediction one position off.
-    unshifted = load_hf_model(d, mask_token_id=3)
-    unshifted.logits_shifted = False
-    wrong = SAMPLERS.get("masked")(unshifted, prompt_ids, prompt_mask, cfg, generator=torch.Generator().manual_seed(0))
-    assert not torch.equal(wrong.completion_ids, expected)
-
-    # Estimator alignment: the completion's log-probs read at the completion positions.
-    from ddrl.estimators.common import forward_logprobs
-
-    completion = expected
-    masked = torch.full_like(completion, 3)
-    lp = forward_logprobs(model, prompt_ids, prompt_mask, masked, completion)
-    assert lp.min() > -0.1  # the oracle puts ~all mass on the right token
-    lp_wrong = forward_logprobs(unshifted, prompt_ids, prompt_mask, masked, completion)
-    assert lp_wrong.max() < -10
-
-
-def test_dream_padding_gives_the_unpadded_logits(tmp_path):
-    d = write_tiny_model(tmp_path / "dream", model_type="dream", ignores_mask=False, mask_token_id=3)
-    model = load_model(d).eval()
+def test_remote_code_model_passes_the_padding_mask_as_given(tmp_path):
+    d = write_tiny_model(tmp_path / "m", mask_token_id=3)  # honours attention_mask and position_ids
+    model = load_model(d, trust_remote_code=True).eval()
     rows = [[2, 4, 5, 6, 7], [2, 9, 3]]
     ids, mask = padded_batch(rows)
+    positions = (mask.long().cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
-        batched = model(ids, attention_mask=mask).logits
+        batched = model(ids, attention_mask=mask, position_ids=positions).logits
         for i, r in enumerate(rows):
             alone = model(torch.tensor([r]), attention_mask=torch.ones(1, len(r), dtype=torch.bool)).logits[0]
-            # position 0 of a shifted model repeats itself; compare from the second real token on
-            torch.testing.assert_close(batched[i, mask[i]][1:], alone[1:], atol=1e-5, rtol=1e-5)
-
-
-def test_sdar_block_family_attends_block_causally(tmp_path):
-    d = write_tiny_model(tmp_path / "sdar", model_type="sdar", ignores_mask=False, mask_token_id=3)
-    model = load_model(d).eval()
-    assert (model.family, model.block_size, model.attention) == ("sdar", 4, "block")
-    assert model.process_spec == {"name": "block", "mask_token_id": 3, "block_size": 4}
-    ids = torch.tensor([[2, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
-    changed = ids.clone()
-    changed[0, 9] = 13  # a token of block 2 (positions 8..11)
-    with torch.no_grad():
-        a, b = model(ids).logits, model(changed).logits
-    torch.testing.assert_close(a[0, :8], b[0, :8])  # blocks 0 and 1 cannot see block 2
-    assert (a[0, 8:] - b[0, 8:]).abs().max() > 1e-3  # block 2 sees itself
-    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], dim=1)
-    mask = torch.cat([torch.zeros(1, 3), torch.ones(1, 10)], dim=1).bool()
-    with torch.no_grad():
-        torch.testing.assert_close(model(padded, attention_mask=mask).logits[0, 3:], a[0], atol=1e-5, rtol=1e-5)
-
-
-def test_mmada_image_codebook_slice_and_restriction(tmp_path):
-    import ddrl.sampling  # noqa: F401
-    from ddrl.config import SamplerConfig
-    from ddrl.registry import SAMPLERS
-
-    d = write_tiny_model(tmp_path / "mmada", model_type="mmada", mask_token_id=3, llm_vocab_size=20,
-                         codebook_size=8, num_new_special_tokens=2)
-    model = load_model(d).eval()
-    assert model.family == "mmada" and model.image_token_range == (22, 30)
-    ids = torch.tensor([[2, 4, 5]])
-    logits = model(ids).logits
-    assert torch.equal(model.image_logits(logits), logits[..., 22:30])
-    model.logits_range = model.image_token_range  # generate image tokens only, in vocabulary ids
-    out = SAMPLERS.get("masked")(model, ids, None, SamplerConfig(steps=4, gen_length=4, temperature=1.0),
-                                 generator=torch.Generator().manual_seed(0))
-    assert ((out.completion_ids >= 22) & (out.completion_ids < 30)).all()
+            torch.testing.assert_close(batched[i, mask[i]], alone, atol=1e-5, rtol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------
@@ -343,15 +331,17 @@ def test_mmada_image_codebook_slice_and_restriction(tmp_path):
 def test_hf_model_save_pretrained_round_trips_through_load_model(tmp_path):
     from ddrl.models.hf import load_hf_model
 
-    d = write_tiny_model(tmp_path / "m")
-    model = load_hf_model(d, mask_token_id=3)  # the override is saved in the "ddrl" section
+    d = write_tiny_model(tmp_path / "m", ignores_mask=True, attention="unpadded")
+    model = load_hf_model(d, mask_token_id=2, trust_remote_code=True)  # the override is saved in the "ddrl" section
     ids = torch.tensor([[2, 4, 5, 6]])
     model.save_pretrained(tmp_path / "saved")
     config = json.loads((tmp_path / "saved" / "config.json").read_text())
-    assert config["ddrl"]["mask_token_id"] == 3 and config["ddrl"]["attention"] == "unpadded"
+    assert config["ddrl"]["mask_token_id"] == 2 and config["ddrl"]["attention"] == "unpadded"
     assert (tmp_path / "saved" / "modeling_tiny.py").is_file() and (tmp_path / "saved" / "tokenizer.json").is_file()
-    again = load_model(tmp_path / "saved")
-    assert (again.family, again.mask_token_id, again.attention) == ("llada", 3, "unpadded")
+    with pytest.raises(ValueError, match="trust_remote_code"):  # a saved remote-code model still needs the opt-in
+        load_model(tmp_path / "saved")
+    again = load_model(tmp_path / "saved", trust_remote_code=True)
+    assert (again.family, again.mask_token_id, again.attention) == ("generic", 2, "unpadded")
     with torch.no_grad():
         torch.testing.assert_close(again(ids).logits, model(ids).logits)
 

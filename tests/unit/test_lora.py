@@ -1,8 +1,10 @@
-"""LoRA through peft on the DiffusionLM wrapper, and gradient checkpointing (built-in and Hugging Face)."""
+"""LoRA through peft on the DiffusionLM wrapper: which layers it wraps (names, paths, regexes, the LM
+head, exclusions), merge and checkpoints, and gradient checkpointing (built-in and Hugging Face)."""
 
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ import torch
 from ddrl.config import LoraConfig, ModelConfig
 from ddrl.models import SymbolTokenizer, build_model, load_model
 from ddrl.models.lora import apply_lora, load_adapter, merge_and_save, save_adapter
-from tests.unit.test_hf_models import padded_batch, write_tiny_model
+from tests.unit.test_hf_models import CANVAS, padded_batch, write_tiny_diffusion_gemma, write_tiny_model
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -95,13 +97,14 @@ def test_merge_gives_the_adapted_logits_and_checkpoints_round_trip(tmp_path):
 
 def test_merge_of_a_hugging_face_model(tmp_path):
     d = write_tiny_model(tmp_path / "m", mask_token_id=3)
-    model = apply_lora(load_model(d), LoraConfig(rank=2, alpha=4, target_modules=["q_proj", "v_proj", "up_proj"]))
+    model = apply_lora(load_model(d, trust_remote_code=True),
+                       LoraConfig(rank=2, alpha=4, target_modules=["q_proj", "v_proj", "up_proj"]))
     randomise_lora_b(model)
     ids, mask = padded_batch([[2, 4, 5, 6], [2, 7]])
     with torch.no_grad():
         adapted = model(ids, attention_mask=mask).logits
     merge_and_save(model, tmp_path / "merged")
-    merged = load_model(tmp_path / "merged")
+    merged = load_model(tmp_path / "merged", trust_remote_code=True)
     with torch.no_grad():
         torch.testing.assert_close(merged(ids, attention_mask=mask).logits, adapted, atol=1e-5, rtol=1e-5)
 
@@ -136,7 +139,8 @@ def test_gradient_checkpointing_gives_the_same_gradients_hf(tmp_path, supports_g
     """supports_gc=False is LLaDA's case: its remote code has no Hugging Face checkpointing, so ddrl
     checkpoints each transformer block itself; the block then runs twice per training step."""
     d = write_tiny_model(tmp_path / "m", mask_token_id=3, supports_gc=supports_gc)
-    model = apply_lora(load_model(d), LoraConfig(rank=2, alpha=4, target_modules=["q_proj", "v_proj"]))
+    model = apply_lora(load_model(d, trust_remote_code=True),
+                       LoraConfig(rank=2, alpha=4, target_modules=["q_proj", "v_proj"]))
     randomise_lora_b(model)
     ids, mask = padded_batch([[2, 4, 5, 6], [2, 7]])
     block = type(model.model.get_base_model().layers[0])
@@ -152,3 +156,94 @@ def test_gradient_checkpointing_gives_the_same_gradients_hf(tmp_path, supports_g
     block.calls = 0
     _grads(model, ids, mask)
     assert block.calls == calls_plain
+
+
+# --------------------------------------------------------------------------------------------
+# Which layers: names, dotted paths, regexes, exclusions, the LM head
+# --------------------------------------------------------------------------------------------
+
+
+def _wrapped(model) -> set[str]:
+    """Full names (relative to the base model) of the layers that got a LoRA adapter."""
+    prefix = "base_model.model."
+    return {n[len(prefix):-len(".lora_A.default")] for n, _ in model.model.named_modules()
+            if n.endswith(".lora_A.default")}
+
+
+def test_targets_by_name_path_and_regex_and_unmatched_names_are_only_reported(caplog):
+    cfg = dict(rank=2, alpha=4)
+    by_name = apply_lora(tiny_builtin(), LoraConfig(target_modules=["q_proj"], **cfg))
+    assert _wrapped(by_name) == {"layers.0.attn.q_proj", "layers.1.attn.q_proj"}
+    by_path = apply_lora(tiny_builtin(), LoraConfig(target_modules=["layers.1.attn.q_proj", "1.mlp.up_proj"], **cfg))
+    assert _wrapped(by_path) == {"layers.1.attn.q_proj", "layers.1.mlp.up_proj"}
+    by_regex = apply_lora(tiny_builtin(), LoraConfig(target_modules=[r"re:layers\.0\..*_proj"], **cfg))
+    assert _wrapped(by_regex) == {f"layers.0.{n}" for n in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj",
+                                                            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+    exclude = ["re:layers\\.1\\..*", "up_proj"]
+    excluded = apply_lora(tiny_builtin(), LoraConfig(target_modules=ALL, exclude_modules=exclude, **cfg))
+    assert _wrapped(excluded) == {f"layers.0.{n}" for n in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj",
+                                                            "mlp.gate_proj", "mlp.down_proj")}
+    with caplog.at_level(logging.INFO, logger="ddrl"):
+        model = apply_lora(tiny_builtin(), LoraConfig(target_modules=["q_proj", "attn_out", "ff_proj"], **cfg))
+    assert _wrapped(model) == {"layers.0.attn.q_proj", "layers.1.attn.q_proj"}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "attn_out, ff_proj" in warnings[0]  # reported, not fatal
+    info = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+    assert "wraps 2 linear layers: layers.*.attn.q_proj (x2)" in info
+    with pytest.raises(ValueError, match="not a valid regex"):
+        apply_lora(tiny_builtin(), LoraConfig(target_modules=["re:(q_proj"], **cfg))
+
+
+def test_lm_head_is_adapted_only_when_named_by_its_full_path(tmp_path, caplog):
+    d = write_tiny_model(tmp_path / "m", mask_token_id=3)  # its LM head is `lm_head` (get_output_embeddings)
+    with pytest.raises(ValueError, match=r"matches only the LM head 'lm_head'.*full path"):
+        apply_lora(load_model(d, trust_remote_code=True), LoraConfig(rank=2, target_modules=["q_proj", "re:lm_.*"]))
+    built = tiny_builtin()
+    with caplog.at_level(logging.INFO, logger="ddrl"):
+        model = apply_lora(built, LoraConfig(rank=2, target_modules=["re:.*_(proj|head)"]))
+    assert "lm_head" not in _wrapped(model) and len(_wrapped(model)) == 14  # every block projection, not the head
+    assert any("LM head lm_head is not adapted" in r.getMessage() for r in caplog.records)
+    asked = apply_lora(tiny_builtin(), LoraConfig(rank=2, target_modules=["q_proj", "lm_head"]))
+    assert "lm_head" in _wrapped(asked)  # the full path asks for it
+
+
+def test_nothing_matched_is_an_error_naming_the_layers():
+    with pytest.raises(ValueError, match=r"matches no linear layer.*q_proj"):
+        apply_lora(tiny_builtin(), LoraConfig(rank=2, target_modules=["attn_out", "ff_out"]))
+    with pytest.raises(ValueError, match="matches no linear layer"):  # everything it named is excluded
+        apply_lora(tiny_builtin(), LoraConfig(rank=2, target_modules=["q_proj"], exclude_modules=["q_proj"]))
+
+
+def test_lora_on_diffusion_gemma_text_layers_with_the_vision_tower_excluded(tmp_path):
+    """DiffusionGemma's vision tower wraps q/k/v/o and gate/up/down in Gemma4ClippableLinear (not an
+    nn.Linear): peft's name matching reaches them and fails. ddrl adapts linear layers only, and the
+    tower can be excluded by regex, also from a regex that would reach its inner `.linear` layers."""
+    d = write_tiny_diffusion_gemma(tmp_path / "dg")
+    names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = apply_lora(load_model(d), LoraConfig(rank=2, alpha=4, target_modules=names,
+                                                 exclude_modules=["re:.*vision_tower.*"]))
+    wrapped = _wrapped(model)
+    assert wrapped and not any("vision_tower" in n for n in wrapped) and "lm_head" not in wrapped
+    assert any(n.startswith("model.decoder.layers.") for n in wrapped)
+    assert any(n.startswith("model.encoder.language_model.layers.") for n in wrapped)
+    with pytest.raises(ValueError, match="matches no linear layer"):
+        apply_lora(load_model(d), LoraConfig(rank=2, target_modules=[r"re:.*\.linear"],
+                                             exclude_modules=["re:.*vision_tower.*"]))
+
+    randomise_lora_b(model)
+    prompt_ids, prompt_mask = padded_batch([[2, 4, 5, 6], [2, 7]])
+    seq = torch.cat([prompt_ids, torch.randint(4, 40, (2, CANVAS), generator=torch.Generator().manual_seed(0))], 1)
+    mask = torch.cat([prompt_mask, torch.ones(2, CANVAS, dtype=torch.bool)], 1)
+    eligible = torch.zeros_like(mask)
+    eligible[:, -CANVAS:] = True
+    model.train()
+    loss, _ = model.process.pretrain_loss(model, seq, eligible, mask, generator=torch.Generator().manual_seed(1))
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    assert torch.isfinite(loss) and all(".lora_" in n for n in grads)
+    assert any(g is not None and g.abs().sum() > 0 for g in grads.values())
+    model.eval()
+    with torch.no_grad():
+        adapted = model(seq, attention_mask=mask).logits
+        with model.disable_adapter():
+            assert (model(seq, attention_mask=mask).logits - adapted).abs().max() > 1e-4

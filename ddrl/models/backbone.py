@@ -1,0 +1,105 @@
+"""The parts of a backbone that ddrl looks up by structure: its transformer blocks and its LM head.
+
+Blocks are the FSDP2 units and the activation-checkpointing units; the LM head is what LoRA
+must not adapt unless asked for by path (ddrl.models.lora). Both work on any backbone: the
+built-in Denoiser, ddrl's native families (`layers`, `lm_head` by the contract in
+ddrl.models.native.base), Hugging Face models (get_output_embeddings), and peft wrappers of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+def base_model(backbone: nn.Module) -> nn.Module:
+    """The model under a peft wrapper (LoRA), or the backbone itself."""
+    return backbone.get_base_model() if hasattr(backbone, "get_base_model") else backbone
+
+
+def transformer_blocks(module: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of a transformer: its `layers` ModuleList (the native contract), else the
+    children of its largest nn.ModuleList (by parameters)."""
+    module = base_model(module)
+    layers = getattr(module, "layers", None)
+    if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+        return list(layers)
+    best, best_size = None, -1
+    for sub in module.modules():
+        if isinstance(sub, nn.ModuleList) and len(sub) > 0:
+            size = sum(p.numel() for p in sub.parameters())
+            if size > best_size:
+                best, best_size = sub, size
+    return list(best) if best is not None else []
+
+
+def checkpoint_blocks(backbone: nn.Module, enable: bool = True) -> None:
+    """Recompute each transformer block's activations in backward (non-reentrant checkpointing)."""
+    blocks = transformer_blocks(backbone)
+    if not blocks:
+        raise ValueError(f"{type(backbone).__name__} has no nn.ModuleList of transformer blocks to checkpoint; "
+                         f"disable model.gradient_checkpointing for it")
+    for block in blocks:
+        original = block.__dict__.get("_ddrl_forward")
+        if not enable:
+            if original is not None:
+                block.forward = original
+                del block._ddrl_forward
+            continue
+        if original is not None:
+            continue  # already checkpointed
+        inner = block.forward
+
+        def forward(*args: Any, _inner: Callable = inner, _block: nn.Module = block, **kwargs: Any) -> Any:
+            if _block.training and torch.is_grad_enabled():
+                return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            return _inner(*args, **kwargs)
+
+        block._ddrl_forward = inner
+        block.forward = forward
+
+
+def output_projection(backbone: nn.Module) -> tuple[str, nn.Module] | None:
+    """(name relative to the backbone, module) of the LM head, or None when the backbone does not say.
+
+    The head is get_output_embeddings() (Hugging Face; LLaDA's `model.transformer.ff_out`), else an
+    `lm_head` module (the built-in Denoiser), else (a backbone whose `lm_head` is a method) the
+    only nn.Linear outside its transformer blocks. Names are those of backbone.named_modules(),
+    i.e. the checkpoint's weight names without ".weight".
+    """
+    inner = base_model(backbone)
+    head = None
+    getter = getattr(inner, "get_output_embeddings", None)
+    if callable(getter):
+        try:
+            head = getter()
+        except (NotImplementedError, AttributeError):
+            head = None
+    if not isinstance(head, nn.Module):
+        head = getattr(inner, "lm_head", None)
+    if not isinstance(head, nn.Module):
+        in_blocks = {id(m) for block in transformer_blocks(inner) for m in block.modules()}
+        outside = [m for m in inner.modules() if isinstance(m, nn.Linear) and id(m) not in in_blocks]
+        head = outside[0] if len(outside) == 1 else None
+    if head is None:
+        return None
+    for name, module in inner.named_modules():
+        if module is head:
+            return name, module
+    return None
+
+
+def logits_width(backbone: nn.Module) -> int | None:
+    """Output classes of the LM head (its out_features / num_embeddings), None when there is no head to read."""
+    found = output_projection(backbone)
+    if found is None:
+        return None
+    head = found[1]
+    if isinstance(head, nn.Linear):
+        return head.out_features
+    if isinstance(head, nn.Embedding):  # a tied head reads the input embedding
+        return head.num_embeddings
+    return None

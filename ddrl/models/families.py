@@ -1,0 +1,126 @@
+"""Which family a checkpoint directory holds, and what ddrl must know about each family.
+
+The family is read from config.json (model_type, architectures, auto_map; a ddrl save also
+records it in its "ddrl" section). Its facts decide how ddrl.models.hf builds the backbone and
+the DiffusionLM around it:
+
+| family          | backbone                      | mask id            | logits       | process | also              |
+| ---             | ---                           | ---                | ---          | ---     | ---               |
+| llada           | native (native/llada.py)      | 126336             | aligned      | masked  | LLaDA, LLaDA-1.5  |
+| mmada           | native (LLaDA backbone)       | 126336             | aligned      | masked  | image codebook    |
+| dream           | native (native/dream.py)      | 151666             | shifted by 1 | masked  | DiffuCoder        |
+| sdar            | native (native/sdar.py)       | config / tokenizer | aligned      | block   | TraDo; block size |
+| diffusion_gemma | transformers' own class       | config / tokenizer | aligned      | uniform | "canvas" feed     |
+| generic         | transformers (+ remote code)  | config / tokenizer | aligned      | masked  | "native" feed     |
+
+(The mask id of config.json, when it names one, comes before the family's.)
+
+**Native families** (llada, mmada, dream, sdar) are built by ddrl's own model code from the
+official directory (config.json + safetensors with the authors' weight names) and never run code
+from it, whatever trust_remote_code says. Their tokenizer is read without remote code too
+(ddrl.models.hf_tokenizer). Their model vocabularies are padded past the tokenizer (Dream: 151,936
+ids for a ~151,665-token tokenizer), so sampling is kept inside the tokenizer's ids
+(`tokenizer_vocab_only`: logits_range = (0, len(tokenizer))); MMaDA's image generation sets
+logits_range to its image codebook instead.
+
+**Block size** (SDAR/TraDo): `checkpoint_block_size` is the rule, the one ddrl.models.native.sdar
+reads too: config.json "block_size" (every released SDAR/TraDo names 4), else the one a ddrl save
+recorded in its "ddrl" section, else the one asked for (model.block_size); a block family with
+none of them is an error before any weights are read.
+
+**MMaDA images.** MMaDA's image tokens are an 8192-entry VQ codebook at a vocabulary offset
+(config llm_vocab_size + num_new_special_tokens = 126464 for MMaDA-8B): `image_token_range(config)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ddrl.models.diffusion_lm import check_requested_block_size
+
+
+@dataclass(frozen=True)
+class FamilyFacts:
+    mask_token_id: int | None = None  # the family's mask id; None = config.json / tokenizer
+    logits_shifted: bool = False  # position i predicts token i + 1 (AR-initialised: Dream)
+    attention: str = "native"  # how a mask reaches the backbone: a name in ddrl.models.feeds.FEEDS
+    process: str = "masked"  # masked | block | uniform
+    image_codebook: bool = False  # MMaDA: image tokens at a vocabulary offset
+    native: bool = False  # built by ddrl's own model code (ddrl.models.native.NATIVE_FAMILIES)
+    native_module: str | None = None  # ddrl.models.native.<module> registers the family's class
+    tokenizer_vocab_only: bool = False  # sample only ids < len(tokenizer) (the model's vocabulary is padded)
+
+
+FAMILIES: dict[str, FamilyFacts] = {
+    "llada": FamilyFacts(mask_token_id=126336, native=True, native_module="llada", tokenizer_vocab_only=True),
+    "mmada": FamilyFacts(mask_token_id=126336, image_codebook=True, native=True, native_module="llada",
+                         tokenizer_vocab_only=True),
+    "dream": FamilyFacts(mask_token_id=151666, logits_shifted=True, native=True, native_module="dream",
+                         tokenizer_vocab_only=True),
+    "sdar": FamilyFacts(process="block", native=True, native_module="sdar", tokenizer_vocab_only=True),
+    "diffusion_gemma": FamilyFacts(attention="canvas", process="uniform"),
+    "generic": FamilyFacts(),
+}
+
+# Substrings of model_type / architectures / auto_map that name a family, tried in this order
+# (MMaDA before LLaDA: MMaDA's classes mention both). TraDo models are SDAR models.
+_FAMILY_NAMES = (("mmada", "mmada"), ("llada", "llada"), ("dream", "dream"), ("sdar", "sdar"), ("trado", "sdar"),
+                 ("diffusion_gemma", "diffusion_gemma"), ("diffusiongemma", "diffusion_gemma"))
+
+# MMaDA-8B's defaults when its config.json does not spell them out.
+_MMADA_TEXT_VOCAB = 126464
+_MMADA_CODEBOOK = 8192
+
+
+def detect_family(config: dict[str, Any]) -> str:
+    """config.json dict -> a key of FAMILIES ("generic" when nothing matches)."""
+    names = [str(config.get("model_type", ""))] + [str(a) for a in config.get("architectures") or []]
+    names += [str(v) for v in (config.get("auto_map") or {}).values()]
+    text = " ".join(names).lower()
+    for needle, family in _FAMILY_NAMES:
+        if needle in text:
+            return family
+    model_type = str(config.get("model_type", ""))
+    return model_type if model_type in FAMILIES else "generic"
+
+
+def family_facts(family: str) -> FamilyFacts:
+    return FAMILIES.get(family, FAMILIES["generic"])
+
+
+def checkpoint_block_size(config: dict[str, Any], facts: FamilyFacts, requested: int | None = None,
+                          where: str = "the checkpoint") -> int | None:
+    """The block length the checkpoint was trained with (None = full attention); module docstring.
+
+    A requested block size that contradicts the checkpoint's is an error (before any compute)."""
+    stored = config.get("block_size") or (config.get("ddrl") or {}).get("block_size")
+    if facts.process != "block":
+        stored = None
+    elif stored is None:
+        if requested is None:
+            raise ValueError(f"{where} is a block diffusion model, but its config.json names no block_size; set "
+                             f"model.block_size to the block size it was trained with (4 for the released SDAR/TraDo)")
+        return int(requested)
+    check_requested_block_size(requested, stored, where)
+    return None if stored is None else int(stored)
+
+
+def image_token_range(config: dict[str, Any]) -> tuple[int, int]:
+    """MMaDA's image codebook as (first id, end id) of the full vocabulary."""
+    offset = int(config.get("llm_vocab_size", _MMADA_TEXT_VOCAB)) + int(config.get("num_new_special_tokens", 0))
+    return offset, offset + int(config.get("codebook_size", _MMADA_CODEBOOK))
+
+
+def remote_code_files(config: dict[str, Any]) -> list[str]:
+    """The .py files that config.json's auto_map would run ("modeling_x.Cls" -> modeling_x.py)."""
+    files: list[str] = []
+    for value in (config.get("auto_map") or {}).values():
+        for ref in value if isinstance(value, (list, tuple)) else [value]:
+            if not ref:
+                continue
+            module = str(ref).split("--")[-1].rsplit(".", 1)[0]  # "repo--modeling_x.Cls" names a hub repo
+            name = module.replace(".", "/") + ".py"
+            if name not in files:
+                files.append(name)
+    return files

@@ -1,0 +1,143 @@
+"""Hugging Face tokenizers: the wrapper the rest of ddrl reads, and loading one from a directory.
+
+    hf = load_tokenizer(directory, native=True)   # no code from the directory, ever
+    tokenizer = HFTokenizer(hf, mask_token_id=126336)
+
+**Native families** (ddrl.models.families) read the tokenizer with transformers' own classes and
+no remote code: tokenizer.json -> PreTrainedTokenizerFast (LLaDA, MMaDA, SDAR/TraDo), else
+vocab.json + merges.txt -> Qwen2Tokenizer (Dream: its tokenizer_config.json names a
+DreamTokenizer in auto_map, which AutoTokenizer would have to run; DreamTokenizer is Qwen2's
+byte-level BPE). Special tokens, added tokens and the chat template come from
+tokenizer_config.json (and chat_template.jinja) as transformers reads them. Other directories
+go through AutoTokenizer, running a tokenizer's own code only with trust_remote_code.
+
+A directory without tokenizer files loads without a tokenizer (tensor-only use); a caller that
+needs one (training, generation from text) asks with `require_tokenizer` in the loader, which
+fails before any weights are read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from ddrl.models.io import ModelDirectoryError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer with the attributes and methods the rest of ddrl reads.
+
+    encode(text) adds no special tokens; encode_prompt(text) applies the chat template (one user
+    turn + the generation prompt) when the tokenizer has one, else prepends BOS. Prompts are
+    left-padded (padding_side), like the built-in SymbolTokenizer's. decode skips ids the
+    tokenizer does not have (a model vocabulary padded past the tokenizer's, as Dream's is).
+    """
+
+    padding_side = "left"
+
+    def __init__(self, tokenizer: Any, *, mask_token_id: int | None = None):
+        self.tokenizer = tokenizer
+        self.mask_token_id = mask_token_id if mask_token_id is not None else tokenizer.mask_token_id
+        self.eos_token_id = _single_id(tokenizer.eos_token_id)
+        self.bos_token_id = _single_id(tokenizer.bos_token_id)
+        pad = _single_id(tokenizer.pad_token_id)
+        self.pad_token_id = pad if pad is not None else self.eos_token_id  # LLaMA-style tokenizers have no pad
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    def __len__(self) -> int:
+        return len(self.tokenizer)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        if self.has_chat_template:
+            rendered = self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                          add_generation_prompt=True, tokenize=False)
+            return self.encode(rendered)  # the template writes its own BOS
+        ids = self.encode(text)
+        return ids if self.bos_token_id is None else [self.bos_token_id] + ids
+
+    def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
+        if isinstance(ids, Tensor):
+            ids = ids.tolist()
+        n = len(self.tokenizer)
+        ids = [i for i in ids if 0 <= int(i) < n]  # ids past the tokenizer (padded vocabulary) have no text
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, sequences: Any, skip_special_tokens: bool = True) -> list[str]:
+        return [self.decode(s, skip_special_tokens=skip_special_tokens) for s in sequences]
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        self.tokenizer.save_pretrained(str(directory))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("padding_side", self.padding_side)
+        return self.tokenizer(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # convert_tokens_to_ids, get_vocab, ...
+        if name == "tokenizer":  # not set yet (copy/pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.tokenizer, name)
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer({type(self.tokenizer).__name__}, vocab_size={self.vocab_size}, mask={self.mask_token_id})"
+
+
+def _single_id(value: Any) -> int | None:
+    if isinstance(value, (list, tuple)):
+        return int(value[0]) if value else None
+    return None if value is None else int(value)
+
+
+def has_tokenizer_files(directory: Path) -> bool:
+    return any((directory / f).is_file() for f in TOKENIZER_FILES)
+
+
+def missing_tokenizer_error(directory: Path, why: str) -> ModelDirectoryError:
+    return ModelDirectoryError(
+        f"{str(directory)!r} has no tokenizer that ddrl can read ({why}): copy the tokenizer files of the hub "
+        f"checkpoint next to its config.json (tokenizer.json, or vocab.json + merges.txt, with tokenizer_config.json), "
+        f"or save one there with tokenizer.save_pretrained")
+
+
+def load_tokenizer(directory: Path, *, native: bool, trust_remote_code: bool = False) -> Any:
+    """The directory's Hugging Face tokenizer (None without tokenizer files); module docstring."""
+    if not has_tokenizer_files(directory):
+        return None
+    try:
+        if native:
+            return _load_without_code(directory)
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError) as e:
+        if isinstance(e, ModelDirectoryError):
+            raise
+        raise ModelDirectoryError(f"the tokenizer in {str(directory)!r} does not load ({type(e).__name__}: {e}); "
+                                  f"save one there with tokenizer.save_pretrained") from None
+
+
+def _load_without_code(directory: Path) -> Any:
+    """transformers' own tokenizer classes on the directory's files; its auto_map is never read."""
+    if (directory / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
+    if (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
+        from transformers import Qwen2Tokenizer  # byte-level BPE: Dream's DreamTokenizer, Qwen's slow layout
+
+        return Qwen2Tokenizer.from_pretrained(str(directory), local_files_only=True)
+    raise missing_tokenizer_error(directory, "a native family's tokenizer is read from tokenizer.json or "
+                                             "vocab.json + merges.txt")
