@@ -36,12 +36,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from torch import Tensor
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ddrl.models.io import ModelDirectoryError
 from ddrl.registry import Registry
@@ -201,3 +202,34 @@ def read_config(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ModelDirectoryError(f"{str(directory)!r} has no config.json; pass a checkpoint directory")
     return json.loads(path.read_text())
+
+
+# --------------------------------------------------------------------------------------------
+# The forward loop every family shares
+# --------------------------------------------------------------------------------------------
+
+
+def run_layers(layers: Sequence[nn.Module], h: Tensor, *args: Any, past_key_values: KVCache | None,
+               use_cache: bool, checkpointing: bool) -> tuple[Tensor, KVCache | None]:
+    """h [B, T, D] through every layer `layer(h, *args, past) -> (h, (k, v))`, per-layer activation
+    checkpointing (non-reentrant) when `checkpointing`; -> (h, per-layer (k, v) or None)."""
+    cache: KVCache = []
+    for i, layer in enumerate(layers):
+        past = past_key_values[i] if past_key_values else None
+        if checkpointing:
+            h, kv = checkpoint(layer, h, *args, past, use_reentrant=False)
+        else:
+            h, kv = layer(h, *args, past)
+        if use_cache:
+            cache.append(kv)
+    return h, (cache if use_cache else None)
+
+
+def kept_positions(hidden: Tensor, logits_to_keep: int | Tensor | None) -> Tensor:
+    """The positions whose logits a call computes: hidden [B, T, D] -> [B, K, D].
+    None or 0 = every position; an int K = the last K; a 1-D long tensor = those positions."""
+    if isinstance(logits_to_keep, Tensor):
+        return hidden[:, logits_to_keep.to(hidden.device)]
+    if logits_to_keep:
+        return hidden[:, -int(logits_to_keep):]
+    return hidden

@@ -37,12 +37,23 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from ddrl.models.io import ModelDirectoryError
-from ddrl.models.native.base import (NATIVE_FAMILIES, BackboneOutput, KVCache, attention_inputs, check_past,
-                                     check_weight_names, finish_mask, read_config, read_weights, rotate_half,
-                                     write_weights)
+from ddrl.models.native.base import (
+    BackboneOutput,
+    KVCache,
+    NATIVE_FAMILIES,
+    attention_inputs,
+    check_past,
+    check_weight_names,
+    finish_mask,
+    kept_positions,
+    read_config,
+    read_weights,
+    rotate_half,
+    run_layers,
+    write_weights,
+)
 
 MODEL_TYPE = "Dream"  # config.json "model_type" of Dream, Dream-Coder and DiffuCoder checkpoints
 LM_HEAD = "lm_head.weight"
@@ -253,18 +264,11 @@ class DreamBackbone(nn.Module):
 
         h = self.model.embed_tokens(input_ids)  # [B, T, D]
         cos, sin = rotary(positions, self.config.head_dim, self.config.rope_theta, h.dtype)
-        cache: KVCache = []
-        for i, layer in enumerate(self.layers):
-            past = past_key_values[i] if past_key_values else None
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                h, kv = checkpoint(layer, h, cos, sin, mask, past, use_reentrant=False)
-            else:
-                h, kv = layer(h, cos, sin, mask, past)
-            if use_cache:
-                cache.append(kv)
+        h, cache = run_layers(self.layers, h, cos, sin, mask, past_key_values=past_key_values, use_cache=use_cache,
+                              checkpointing=self.gradient_checkpointing and self.training and torch.is_grad_enabled())
         hidden = self.model.norm(h)  # [B, T, D]
-        return BackboneOutput(logits=self.lm_head(_keep(hidden, logits_to_keep)),
-                              past_key_values=cache if use_cache else None, hidden_states=hidden)
+        return BackboneOutput(logits=self.lm_head(kept_positions(hidden, logits_to_keep)), past_key_values=cache,
+                              hidden_states=hidden)
 
     # ------------------------------------------------------------------ persistence (the hub layout)
 
@@ -307,13 +311,4 @@ class DreamBackbone(nn.Module):
         if config.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         return model.to(device=device, dtype=dtype)
-
-
-def _keep(hidden: Tensor, logits_to_keep: int | Tensor | None) -> Tensor:
-    """The positions whose logits are computed: hidden [B, T, D] -> [B, K, D]."""
-    if logits_to_keep is None or (isinstance(logits_to_keep, int) and logits_to_keep == 0):
-        return hidden
-    if isinstance(logits_to_keep, int):
-        return hidden[:, -logits_to_keep:]
-    return hidden[:, logits_to_keep.to(hidden.device)]
 

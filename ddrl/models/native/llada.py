@@ -61,12 +61,23 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from ddrl.models.io import ModelDirectoryError
-from ddrl.models.native.base import (NATIVE_FAMILIES, BackboneOutput, KVCache, attention_inputs, check_past,
-                                     check_weight_names, finish_mask, read_config, read_weights, rotate_half,
-                                     write_weights)
+from ddrl.models.native.base import (
+    BackboneOutput,
+    KVCache,
+    NATIVE_FAMILIES,
+    attention_inputs,
+    check_past,
+    check_weight_names,
+    finish_mask,
+    kept_positions,
+    read_config,
+    read_weights,
+    rotate_half,
+    run_layers,
+    write_weights,
+)
 
 LM_HEAD = "model.transformer.ff_out.weight"
 
@@ -401,22 +412,11 @@ class LLaDABackbone(nn.Module):
             x = x * (self.config.d_model ** 0.5)
         x = self.emb_drop(x)
         cos, sin = self.rotary.at(positions)  # [B, 1, T, Dh]
-        cache: KVCache = []
-        for i, block in enumerate(self.layers):
-            past = past_key_values[i] if past_key_values else None
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                x, kv = checkpoint(block, x, self.rotary, cos, sin, mask, past, use_reentrant=False)
-            else:
-                x, kv = block(x, self.rotary, cos, sin, mask, past)
-            if use_cache:
-                cache.append(kv)
+        x, cache = run_layers(self.layers, x, self.rotary, cos, sin, mask, past_key_values=past_key_values,
+                              use_cache=use_cache,
+                              checkpointing=self.gradient_checkpointing and self.training and torch.is_grad_enabled())
         hidden = self.model.transformer["ln_f"](x)  # [B, T, D]
-        kept = hidden
-        if isinstance(logits_to_keep, Tensor):
-            kept = hidden[:, logits_to_keep.to(hidden.device)]
-        elif logits_to_keep:
-            kept = hidden[:, -int(logits_to_keep):]
-        return BackboneOutput(logits=self.lm_head(kept), past_key_values=cache if use_cache else None,
+        return BackboneOutput(logits=self.lm_head(kept_positions(hidden, logits_to_keep)), past_key_values=cache,
                               hidden_states=hidden)
 
     # ------------------------------------------------------------------ the official directory layout

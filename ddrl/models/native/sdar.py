@@ -39,11 +39,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from ddrl.processes.block import block_layout_mask
 from ddrl.models.io import ModelDirectoryError, write_json
 from ddrl.models.native.base import (
+    kept_positions,
+    run_layers,
     NATIVE_FAMILIES,
     BackboneOutput,
     KVCache,
@@ -266,22 +267,11 @@ class SDARBackbone(nn.Module):
         h = self.model.embed_tokens(input_ids)  # [B, T, D]
         cos, sin = self._rotary(positions, h.dtype)
         additive = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill(~mask, torch.finfo(h.dtype).min)
-        cache: KVCache = []
-        for i, layer in enumerate(self.layers):
-            past = past_key_values[i] if past_key_values else None
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                h, kv = checkpoint(layer, h, cos, sin, additive, past, use_reentrant=False)
-            else:
-                h, kv = layer(h, cos, sin, additive, past)
-            if use_cache:
-                cache.append(kv)
+        h, cache = run_layers(self.layers, h, cos, sin, additive, past_key_values=past_key_values,
+                              use_cache=use_cache,
+                              checkpointing=self.gradient_checkpointing and self.training and torch.is_grad_enabled())
         hidden = self.model.norm(h)  # [B, T, D]
-        kept = hidden
-        if isinstance(logits_to_keep, Tensor):
-            kept = hidden[:, logits_to_keep]
-        elif logits_to_keep:
-            kept = hidden[:, -int(logits_to_keep):]
-        return BackboneOutput(logits=self.lm_head(kept), past_key_values=cache if use_cache else None,
+        return BackboneOutput(logits=self.lm_head(kept_positions(hidden, logits_to_keep)), past_key_values=cache,
                               hidden_states=hidden)
 
     def _attention(self, attention_mask: Tensor | None, position_ids: Tensor | None, B: int, T: int, past_len: int,
