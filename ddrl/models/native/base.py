@@ -205,6 +205,50 @@ def read_config(directory: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
+# What every family's backbone class shares
+# --------------------------------------------------------------------------------------------
+
+
+class QwenStyleBackbone(nn.Module):
+    """The layout Dream (Qwen2) and SDAR (Qwen3) checkpoints share: `model.{embed_tokens, layers,
+    norm}` and `lm_head` (tied to the embedding when config.tie_word_embeddings). A subclass builds
+    `trunk` (the `model.` module) and defines forward."""
+
+    supports_gradient_checkpointing = True
+
+    def __init__(self, config: Any, trunk: nn.Module):
+        super().__init__()
+        self.config = config
+        self.model = trunk
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.gradient_checkpointing = False
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The decoder layers (FSDP2 units, activation checkpointing)."""
+        return self.model.layers
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Recompute each layer's activations in backward (Hugging Face's signature)."""
+        self.gradient_checkpointing = True
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.gradient_checkpointing = False
+
+    @property
+    def checkpointing_now(self) -> bool:
+        return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+
+
+# --------------------------------------------------------------------------------------------
 # The forward loop every family shares
 # --------------------------------------------------------------------------------------------
 

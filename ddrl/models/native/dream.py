@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from ddrl.models.io import ModelDirectoryError
 from ddrl.models.native.base import (
+    QwenStyleBackbone,
     BackboneOutput,
     KVCache,
     NATIVE_FAMILIES,
@@ -206,36 +207,11 @@ class DreamTrunk(nn.Module):
 
 
 @NATIVE_FAMILIES.register("dream")
-class DreamBackbone(nn.Module):
+class DreamBackbone(QwenStyleBackbone):
     """input_ids [B, T] -> raw (AR-shifted) logits [B, T, V], by the contract of ddrl.models.native.base."""
 
-    supports_gradient_checkpointing = True
-
     def __init__(self, config: DreamConfig):
-        super().__init__()
-        self.config = config
-        self.model = DreamTrunk(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        self.gradient_checkpointing = False
-
-    @property
-    def layers(self) -> nn.ModuleList:
-        return self.model.layers
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
-        """Recompute each layer's activations in backward (Hugging Face's signature)."""
-        self.gradient_checkpointing = True
-
-    def gradient_checkpointing_disable(self) -> None:
-        self.gradient_checkpointing = False
+        super().__init__(config, DreamTrunk(config))
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVCache | None = None, use_cache: bool = False,
@@ -265,7 +241,7 @@ class DreamBackbone(nn.Module):
         h = self.model.embed_tokens(input_ids)  # [B, T, D]
         cos, sin = rotary(positions, self.config.head_dim, self.config.rope_theta, h.dtype)
         h, cache = run_layers(self.layers, h, cos, sin, mask, past_key_values=past_key_values, use_cache=use_cache,
-                              checkpointing=self.gradient_checkpointing and self.training and torch.is_grad_enabled())
+                              checkpointing=self.checkpointing_now)
         hidden = self.model.norm(h)  # [B, T, D]
         return BackboneOutput(logits=self.lm_head(kept_positions(hidden, logits_to_keep)), past_key_values=cache,
                               hidden_states=hidden)

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from ddrl.processes.block import block_layout_mask
 from ddrl.models.io import ModelDirectoryError, write_json
 from ddrl.models.native.base import (
+    QwenStyleBackbone,
     kept_positions,
     run_layers,
     NATIVE_FAMILIES,
@@ -217,37 +218,11 @@ class SDARDecoder(nn.Module):
 
 
 @NATIVE_FAMILIES.register("sdar")
-class SDARBackbone(nn.Module):
+class SDARBackbone(QwenStyleBackbone):
     """SDARForCausalLM's parameters (model.*, lm_head) behind ddrl's backbone contract."""
 
-    supports_gradient_checkpointing = True
-
     def __init__(self, config: SDARConfig):
-        super().__init__()
-        self.config = config
-        self.model = SDARDecoder(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        self.gradient_checkpointing = False
-
-    @property
-    def layers(self) -> nn.ModuleList:
-        """The decoder layers (FSDP2 units, activation checkpointing)."""
-        return self.model.layers
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
-        """Recompute each layer's activations in backward (Hugging Face's signature)."""
-        self.gradient_checkpointing = True
-
-    def gradient_checkpointing_disable(self) -> None:
-        self.gradient_checkpointing = False
+        super().__init__(config, SDARDecoder(config))
 
     # ------------------------------------------------------------------ forward
 
@@ -269,7 +244,7 @@ class SDARBackbone(nn.Module):
         additive = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill(~mask, torch.finfo(h.dtype).min)
         h, cache = run_layers(self.layers, h, cos, sin, additive, past_key_values=past_key_values,
                               use_cache=use_cache,
-                              checkpointing=self.gradient_checkpointing and self.training and torch.is_grad_enabled())
+                              checkpointing=self.checkpointing_now)
         hidden = self.model.norm(h)  # [B, T, D]
         return BackboneOutput(logits=self.lm_head(kept_positions(hidden, logits_to_keep)), past_key_values=cache,
                               hidden_states=hidden)
