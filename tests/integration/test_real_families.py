@@ -103,3 +103,31 @@ def test_two_step_train_gives_a_finite_loss_and_moves_parameters(checkpoint, lor
         assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) > 0
     reloaded = ddrl.load_model(saved)
     assert reloaded.family == family
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_diffusion_gemma_two_step_train(lora, tmp_path):
+    """DiffusionGemma stays on transformers' own class (pinned 5.24.0): a 2-step UDM-GRPO run on its
+    uniform process, full and LoRA (text layers only, the vision tower excluded)."""
+    from tests.unit.test_hf_models import CANVAS, write_tiny_diffusion_gemma
+
+    path = write_tiny_diffusion_gemma(tmp_path / "dg")
+    overrides = [f"model.path={path}", "task.name=tests.integration.text_task:make", "task.args={}", "train.steps=2",
+                 "train.prompts_per_step=2", "train.group_size=2", "train.lr=1e-2", "train.save_every=2",
+                 "eval.n=2", "eval.every=0", "eval.before=false", "train.progress=false",
+                 f"output_dir={tmp_path / 'run'}", f"rollout.gen_length={CANVAS}", "rollout.steps=2"]
+    if lora:
+        overrides += ["model.lora.rank=4", "model.lora.alpha=8", "model.lora.target_modules=[q_proj, v_proj]",
+                      "model.lora.exclude_modules=['re:.*vision.*']"]
+    run = train(ROOT / "configs/rl/udm_grpo_digits.yaml", overrides)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows), rows
+    saved = run / "checkpoint-2"
+    if lora:
+        adapter = load_file(saved / "adapter" / "adapter_model.safetensors")
+        assert adapter and not any("vision" in k for k in adapter)
+        assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in adapter.items())
+    else:
+        a, b = load_file(path / "model.safetensors"), load_file(saved / "model.safetensors")
+        assert max((a[k].float() - b[k].float()).abs().max().item() for k in a if k in b) > 0
+    assert ddrl.load_model(saved).family == "diffusion_gemma"

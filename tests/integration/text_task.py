@@ -1,6 +1,7 @@
 """A text task any tokenizer can encode, with a dense reward, for 2-step runs on real-format
-checkpoints (tests/fixtures/<family>/model): the fraction of completion characters in the first half of the alphabet (random tokens of a tiny
-random model give varied scores, so every group has an advantage to follow)."""
+checkpoints (tests/fixtures/<family>/model): the fraction of completion characters whose code point is even: it does not care which alphabet a
+tiny tokenizer has, and a random model's random tokens give varied scores, so every group has an
+advantage to follow."""
 
 from ddrl.tasks.user import FunctionTask
 
@@ -9,7 +10,7 @@ TEST = ["Say a twice", "Only a"]
 
 
 def _reward(completions, **columns):
-    return [sum(ch.lower() in "abcdefghijklm" for ch in c) / max(len(c), 1) for c in completions]
+    return [sum(ord(ch) % 2 == 0 for ch in c) / max(len(c), 1) for c in completions]
 
 
 def make(**kwargs):
