@@ -23,19 +23,23 @@ EPILOG = "Configs live in configs/ (pretrain/, rl/, paper/). Any config key can 
 
 def _sampler_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampler overrides (default: greedy, sized to the task)")
-    g.add_argument("--sampler", dest="name", help="masked | emerge | uniform | block")
+    g.add_argument("--sampler", dest="name", help="masked | emerge | uniform | block | dream")
     g.add_argument("--steps", type=int, help="model calls in total")
     g.add_argument("--gen-length", dest="gen_length", type=int, help="completion tokens")
     g.add_argument("--block-length", dest="block_length", type=int, help="semi-autoregressive block length")
     g.add_argument("--temperature", type=float, help="0 = greedy")
     g.add_argument("--cfg-scale", dest="cfg_scale", type=float, help="classifier-free guidance weight")
-    g.add_argument("--remasking", help="low_confidence | random")
+    g.add_argument("--remasking", help="low_confidence | random | sdar_dynamic (SDAR's rule, with --threshold)")
     g.add_argument("--threshold", type=float, help="confidence-threshold parallel decoding")
     g.add_argument("--cache", help="KV cache: none | prefix | dual | auto")
+    g.add_argument("--alg", help="dream sampler: origin | entropy | maskgit_plus | topk_margin")
+    g.add_argument("--alg-temp", dest="alg_temp", type=float, help="dream sampler: temperature of the commit order")
+    g.add_argument("--top-p", dest="top_p", type=float, help="nucleus filter (dream, sdar_dynamic)")
+    g.add_argument("--top-k", dest="top_k", type=int, help="top-k filter (dream, sdar_dynamic)")
 
 
 _SAMPLER_KEYS = ("name", "steps", "gen_length", "block_length", "temperature", "cfg_scale", "remasking",
-                 "threshold", "cache")
+                 "threshold", "cache", "alg", "alg_temp", "top_p", "top_k")
 
 
 def build_parser() -> argparse.ArgumentParser:

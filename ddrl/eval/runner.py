@@ -36,10 +36,12 @@ def default_sampler(model: Any, task: Any, **overrides: Any) -> SamplerConfig:
         if k not in fields:
             raise ValueError(f"unknown sampler setting {k!r}; valid: {', '.join(sorted(fields))}")
         setattr(cfg, k, v)
+    if cfg.name == "dream" and overrides.get("block_length") is None:
+        cfg.block_length = None  # Dream's sampler decodes the whole completion at every step
     if overrides.get("gen_length") is not None:  # sizes that followed the task follow the override
         if overrides.get("steps") is None:
             cfg.steps = cfg.gen_length
-        if overrides.get("block_length") is None and name != "block":
+        if overrides.get("block_length") is None and cfg.name not in ("block", "dream"):
             cfg.block_length = cfg.gen_length
     return cfg
 

@@ -131,3 +131,18 @@ def test_diffusion_gemma_two_step_train(lora, tmp_path):
         a, b = load_file(path / "model.safetensors"), load_file(saved / "model.safetensors")
         assert max((a[k].float() - b[k].float()).abs().max().item() for k in a if k in b) > 0
     assert ddrl.load_model(saved).family == "diffusion_gemma"
+
+
+@pytest.mark.parametrize("family,sampler_args", [
+    ("dream", ["--sampler", "dream", "--alg", "entropy", "--top-p", "0.95"]),
+    ("sdar", ["--remasking", "sdar_dynamic", "--threshold", "0.9"]),
+    ("llada", ["--cache", "dual"]),
+])
+def test_eval_json_runs_each_family_with_its_own_sampler(family, sampler_args, capsys):
+    """`ddrl eval --json` on an official-format directory, with the family's own sampler settings."""
+    from ddrl.cli import main
+
+    code = main(["eval", "--model", str(FIXTURES / family / "model"), "--task", "tests.integration.text_task:make",
+                 "--n", "2", "--steps", "8", "--gen-length", "8", "--json", *sampler_args])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code in (0, None) and result["n"] == 2 and 0.0 <= result["mean_reward"] <= 1.0
