@@ -36,6 +36,14 @@ multiple of block_size) for the cache to be exact. In the first window, the prom
 share the block with masked slots, so their keys change until the block is final: the exact cache
 re-feeds them (from column P - max offset) with the window.
 
+**Static shapes** (masked module doc): every call is fed all R rows, finished or not, so the batch
+never shrinks; the input ids live in one buffer [R, P + W] whose completion part each step
+overwrites; the keys/values live in one buffer per layer [R, H, P + W, Dh], allocated from the first
+cache the model returns and written in place (the exact cache: each finished block once; the
+approximate caches: once per block), and the model is given views [:, :, :T_past] of it. So a
+call's shapes and storage depend only on the block and the step, and no whole-cache copy happens
+when rows finish. The model itself still concatenates past and new keys (its cache contract).
+
 **Logits shifted by one** (Dream): DiffusionLM realigns them over each call's input, so the first
 fed position gets no prediction of its own. Cached calls therefore start one token early (the
 token before the block: prompt or previous block), and the cache ends before that token.
@@ -44,8 +52,8 @@ token before the block: prompt or previous block), and the cache ends before tha
   * accept `past_key_values` and `use_cache=True` and return `.past_key_values`: per layer a
     (key, value) pair of [R, H, T, Dh] tensors, position order, keys already rotated (RoPE); a
     transformers DynamicCache also works (4.x: to/from_legacy_cache; 5.x: iterated per layer and
-    rebuilt with DynamicCache(ddp_cache_data=...)): the sampler slices the per-layer tensors and
-    hands the model a new object of the same class each call;
+    rebuilt with DynamicCache(ddp_cache_data=...)): the sampler copies the per-layer tensors into
+    its buffer and hands the model a new object of the same class, over views of it, each call;
   * attend to the given past whenever it is passed (use_cache only asks for the cache back);
   * take a 2-D attention_mask [R, T_past + T_new] over (cached keys, new tokens) in the order the
     cache lists them, position_ids [R, T_new] for the new tokens, and, for block-causal models, a
@@ -105,19 +113,6 @@ def as_model_cache(layers: Layers, like: Any) -> Any:
                      f"list of (k, v), a transformers DynamicCache, or rollout.cache=none")
 
 
-def slice_layers(layers: Layers, lo: int, hi: int | None = None) -> Layers:
-    """Keys/values of positions [lo, hi) of every layer."""
-    return [(k[:, :, lo:hi], v[:, :, lo:hi]) for k, v in layers]
-
-
-def cat_layers(first: Layers, second: Layers) -> Layers:
-    return [(torch.cat([k1, k2], dim=2), torch.cat([v1, v2], dim=2)) for (k1, v1), (k2, v2) in zip(first, second)]
-
-
-def select_rows(layers: Layers, index: Tensor) -> Layers:
-    return [(k[index], v[index]) for k, v in layers]
-
-
 def accepts_cache(model: Any) -> bool:
     """Whether model(...) can take past_key_values: an explicit parameter, or **kwargs that reach
     a backbone (DiffusionLM.model, ...) that takes it or **kwargs itself. The first cached call
@@ -149,61 +144,79 @@ def _warn_once(model: Any, why: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Inputs of the running rows: [prompt, completion], conditional rows then unconditional ones
+# Static storage: the batch's inputs and a preallocated KV buffer
 # --------------------------------------------------------------------------------------------
 
 
 class _RowInputs:
-    """The model input of the A running rows, stacked with their unconditional copy under guidance
-    (R = 2A rows: cond, then uncond with every real prompt token replaced by mask_id)."""
+    """The model input of all B rows, stacked with their unconditional copy under guidance
+    (R = 2B rows: cond, then uncond with every real prompt token replaced by mask_id).
 
-    def __init__(self, prompt_ids: Tensor, prompt_mask: Tensor | None, rows: Tensor, *, cfg_scale: float,
+    The batch never shrinks (module doc): the prompt is written once into an input buffer
+    [R, P + W] and each step overwrites its completion part in place, so every call reads the
+    same storage at the same shape.
+    """
+
+    def __init__(self, prompt_ids: Tensor, prompt_mask: Tensor | None, width: int, *, cfg_scale: float,
                  mask_id: int, slots: Tensor | None = None):
-        prompt = prompt_ids[rows]  # [A, P]
-        self.slots = None if slots is None else slots[rows]  # [A, W] real completion slots
-        valid = (torch.ones_like(prompt, dtype=torch.bool) if prompt_mask is None else prompt_mask[rows])
+        prompt = prompt_ids  # [B, P]
+        valid = torch.ones_like(prompt, dtype=torch.bool) if prompt_mask is None else prompt_mask
+        if slots is None:
+            slots = torch.ones(prompt.shape[0], width, dtype=torch.bool, device=prompt.device)  # [B, W]
         if cfg_scale > 0:
-            prompt = torch.cat([prompt, prompt.masked_fill(valid, mask_id)], dim=0)  # [2A, P]
+            prompt = torch.cat([prompt, prompt.masked_fill(valid, mask_id)], dim=0)  # [2B, P]
             valid = torch.cat([valid, valid], dim=0)
-        self.prompt, self.prompt_valid = prompt, valid  # [R, P]
-        if self.slots is not None and cfg_scale > 0:
-            self.slots = torch.cat([self.slots, self.slots], dim=0)
+            slots = torch.cat([slots, slots], dim=0)
         self.cfg_scale = cfg_scale
-        self.A, self.P = rows.numel(), prompt.shape[1]
+        self.B, self.P = prompt_ids.shape[0], prompt.shape[1]
+        completion = torch.zeros(prompt.shape[0], width, dtype=torch.long, device=prompt.device)
+        self.buffer = torch.cat([prompt.long(), completion], dim=1)  # [R, P + W]
+        self.valid = torch.cat([valid, slots[:, :width]], dim=1)  # [R, P + W] real prompt tokens and slots
 
     def ids(self, completion: Tensor) -> Tensor:
-        """completion [A, L] -> [R, P + L]."""
+        """completion [B, W] -> [R, P + W], written into the input buffer."""
+        P = self.P
+        self.buffer[:self.B, P:] = completion
         if self.cfg_scale > 0:
-            completion = torch.cat([completion, completion], dim=0)
-        return torch.cat([self.prompt, completion], dim=1)
-
-    def key_valid(self, length: int) -> Tensor:
-        """[R, P + length] bool: real prompt tokens and the completion's real slots."""
-        if self.slots is not None:
-            return torch.cat([self.prompt_valid, self.slots[:, :length]], dim=1)
-        ones = torch.ones(self.prompt.shape[0], length, dtype=torch.bool, device=self.prompt.device)
-        return torch.cat([self.prompt_valid, ones], dim=1)
-
-    def index(self, live: Tensor) -> Tensor | None:
-        """Indices into the R rows of the live rows (live: [A] bool); None when every row is live."""
-        if bool(live.all()):
-            return None
-        idx = live.nonzero().squeeze(1)
-        return torch.cat([idx, idx + self.A]) if self.cfg_scale > 0 else idx
+            self.buffer[self.B:, P:] = completion
+        return self.buffer
 
     def guide(self, logits: Tensor) -> Tensor:
-        """[R, W, V] -> [A, W, V] (or the live rows' [R', W, V] -> [A', W, V])."""
+        """[R, W, V] -> [B, W, V]."""
         if self.cfg_scale > 0:
             cond, uncond = logits.chunk(2, dim=0)
             return guided_logits(cond, uncond, self.cfg_scale)
         return logits
 
 
-def _rows(x: Any, index: Tensor | None) -> Any:
-    """x[index] for a tensor or per-layer (k, v); x itself when index is None (all rows)."""
-    if index is None or x is None:
-        return x
-    return select_rows(x, index) if isinstance(x, list) else x[index]
+class _KVBuffer:
+    """Per-layer keys/values [R, H, capacity, Dh], allocated once from the first cache the model
+    returns (its rows, heads, head size, dtype and device) and written in place afterwards, so the
+    past handed to the model is always a view [:, :, :length] of the same storage."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.layers: Layers | None = None
+
+    def write(self, layers: Layers, lo: int, hi: int, source: int | None = None) -> None:
+        """Buffer positions [lo, hi) <- positions [source, source + hi - lo) of `layers` (source = lo)."""
+        source = lo if source is None else source
+        if self.layers is None:
+            self.layers = [(k.new_empty(*k.shape[:2], self.capacity, k.shape[3]),
+                            v.new_empty(*v.shape[:2], self.capacity, v.shape[3])) for k, v in layers]
+        if len(layers) != len(self.layers) or layers[0][0].shape[:2] != self.layers[0][0].shape[:2]:
+            raise ValueError(f"the model returned a cache of {len(layers)} layers shaped {tuple(layers[0][0].shape)}, "
+                             f"but the sampler's KV buffer holds {len(self.layers)} layers shaped "
+                             f"{tuple(self.layers[0][0].shape)}; a model must return per layer [R, H, T, Dh] for "
+                             f"the R rows it was fed")
+        n = hi - lo
+        for (bk, bv), (k, v) in zip(self.layers, layers):
+            bk[:, :, lo:hi].copy_(k[:, :, source:source + n])
+            bv[:, :, lo:hi].copy_(v[:, :, source:source + n])
+
+    def view(self, length: int) -> Layers:
+        """Positions [0, length) of every layer: views, no copy."""
+        return [(k[:, :, :length], v[:, :, :length]) for k, v in self.layers]
 
 
 def _call(model: Any, ids: Tensor, **kwargs: Any) -> Any:
@@ -212,12 +225,12 @@ def _call(model: Any, ids: Tensor, **kwargs: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# Strategies: begin_block(rows, start, end), then block_logits(step, completion) per step
+# Strategies: begin_block(start, end), then block_logits(step, completion) per step, all B rows
 # --------------------------------------------------------------------------------------------
 
 
 class FullForward:
-    """No cache, full attention: [prompt, completion] of the running rows every step (the reference)."""
+    """No cache, full attention: [prompt, completion] of every row every step (the reference)."""
 
     def __init__(self, model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *, cfg_scale: float,
                  mask_id: int):
@@ -225,22 +238,25 @@ class FullForward:
         self.cfg_scale, self.mask_id = cfg_scale, mask_id
         self.forward_tokens = 0  # rows x tokens fed to the model, summed over calls
 
-    def begin_block(self, rows: Tensor, start: int, end: int) -> None:
-        self.rows, self.start, self.end = rows, start, end
+    def begin_block(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
 
-    def block_logits(self, step: int, completion: Tensor, live: Tensor) -> Tensor:
-        """completion [A, L] of the block's rows, live [A] bool -> the live rows' (guided) block logits [A', W, V]."""
-        rows, completion = self.rows[live], completion[live]
-        mask = None if self.prompt_mask is None else self.prompt_mask[rows]
-        rows_fed = rows.numel() * (2 if self.cfg_scale > 0 else 1)
+    def block_logits(self, step: int, completion: Tensor) -> Tensor:
+        """completion [B, W] -> the (guided) logits of the block [B, end - start, V]."""
+        rows_fed = completion.shape[0] * (2 if self.cfg_scale > 0 else 1)
         self.forward_tokens += rows_fed * (self.prompt_ids.shape[1] + completion.shape[1])
-        logits = completion_logits(self.model, self.prompt_ids[rows], mask, completion, cfg_scale=self.cfg_scale,
-                                   mask_id=self.mask_id)  # [A, L, V]
+        logits = completion_logits(self.model, self.prompt_ids, self.prompt_mask, completion,
+                                   cfg_scale=self.cfg_scale, mask_id=self.mask_id)  # [B, W, V]
         return logits[:, self.start:self.end]
 
 
 class ApproxBlockCache:
-    """Fast-dLLM's prefix ("prefix") or prefix + suffix ("dual") cache for full-attention models."""
+    """Fast-dLLM's prefix ("prefix") or prefix + suffix ("dual") cache for full-attention models.
+
+    The block's first step writes the past of the later steps into one preallocated buffer:
+    prefix [0, a), or (dual) prefix then suffix, whose length P + W - context - block_length is
+    the same for every block, so the later steps read a view of fixed storage.
+    """
 
     def __init__(self, model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *, cfg_scale: float,
                  mask_id: int, dual: bool):
@@ -249,30 +265,33 @@ class ApproxBlockCache:
         self.context = 1 if getattr(model, "logits_shifted", False) else 0
         self.cached_tokens = 0  # fed by this strategy; the fallback counts its own
         self.fallback: FullForward | None = None
+        self.inputs: _RowInputs | None = None  # built at the first call (W = the completion's width)
+        self.kv: _KVBuffer | None = None
+        self.like: Any = None
 
     @property
     def forward_tokens(self) -> int:
         return self.cached_tokens + (self.fallback.forward_tokens if self.fallback is not None else 0)
 
-    def begin_block(self, rows: Tensor, start: int, end: int) -> None:
-        self.rows, self.start, self.end = rows, start, end
+    def begin_block(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
         if self.fallback is not None:
-            self.fallback.begin_block(rows, start, end)
-            return
-        self.inputs = _RowInputs(self.prompt_ids, self.prompt_mask, rows, cfg_scale=self.cfg_scale,
-                                 mask_id=self.mask_id)
-        self.past: Layers | None = None  # prefix, or (dual) prefix then suffix: built once per block
-        self.like: Any = None
+            self.fallback.begin_block(start, end)
+        self.past_len: int | None = None  # set by the block's first step
 
-    def block_logits(self, step: int, completion: Tensor, live: Tensor) -> Tensor:
+    def block_logits(self, step: int, completion: Tensor) -> Tensor:
         if self.fallback is not None:
-            return self.fallback.block_logits(step, completion, live)
+            return self.fallback.block_logits(step, completion)
+        if self.inputs is None:
+            self.inputs = _RowInputs(self.prompt_ids, self.prompt_mask, completion.shape[1],
+                                     cfg_scale=self.cfg_scale, mask_id=self.mask_id)
+            self.positions = position_ids_from_mask(self.inputs.valid)  # [R, T]
+            self.kv = _KVBuffer(self.inputs.valid.shape[1])
         inp, P, s, e = self.inputs, self.inputs.P, self.start, self.end
-        index = inp.index(live)
-        ids = _rows(inp.ids(completion), index)  # [R', T]
-        valid = _rows(inp.key_valid(completion.shape[1]), index)  # [R', T]
+        ids, valid = inp.ids(completion), inp.valid  # [R, T]
+        T = ids.shape[1]
         a = P + s - self.context  # first fed position of the later steps; the prefix is [0, a)
-        if self.past is None:  # the block's first step (every row live): the whole sequence, keep its cache
+        if self.past_len is None:  # the block's first step: the whole sequence, keep its cache
             out = _call(self.model, ids, attention_mask=valid, use_cache=True)
             self.cached_tokens += ids.numel()
             layers = cache_layers(getattr(out, "past_key_values", None))
@@ -280,19 +299,20 @@ class ApproxBlockCache:
                 self._give_up("returned no past_key_values with use_cache=True", s, e)
             else:
                 self.like = out.past_key_values
-                self.past = slice_layers(layers, 0, a)
-                if self.dual:
-                    self.past = cat_layers(self.past, slice_layers(layers, P + e))
+                self.kv.write(layers, 0, a)
+                self.past_len = a
+                if self.dual:  # keys listed as (prefix, suffix), then the block's own
+                    self.kv.write(layers, a, a + T - (P + e), source=P + e)
+                    self.past_len = a + T - (P + e)
+                    self.order = torch.cat([valid[:, :a], valid[:, P + e:], valid[:, a:P + e]], dim=1)
             return inp.guide(out.logits[:, P + s:P + e])
-        past = as_model_cache(_rows(self.past, index), self.like)
+        past = as_model_cache(self.kv.view(self.past_len), self.like)
         if not self.dual:  # the block and the suffix attend to the cached prefix
             out = _call(self.model, ids[:, a:], attention_mask=valid, past_key_values=past, use_cache=False)
             self.cached_tokens += ids[:, a:].numel()
-        else:  # only the block; cached keys listed as (prefix, suffix), then the block's own
-            positions = position_ids_from_mask(valid)
-            order = torch.cat([valid[:, :a], valid[:, P + e:], valid[:, a:P + e]], dim=1)
-            out = _call(self.model, ids[:, a:P + e], attention_mask=order, position_ids=positions[:, a:P + e],
-                        past_key_values=past, use_cache=False)
+        else:  # only the block
+            out = _call(self.model, ids[:, a:P + e], attention_mask=self.order,
+                        position_ids=self.positions[:, a:P + e], past_key_values=past, use_cache=False)
             self.cached_tokens += ids[:, a:P + e].numel()
         c = self.context
         return inp.guide(out.logits[:, c:c + e - s])
@@ -301,7 +321,7 @@ class ApproxBlockCache:
         _warn_once(self.model, why)
         self.fallback = FullForward(self.model, self.prompt_ids, self.prompt_mask, cfg_scale=self.cfg_scale,
                                     mask_id=self.mask_id)
-        self.fallback.begin_block(self.rows, start, end)
+        self.fallback.begin_block(start, end)
 
 
 class BlockCausalForward:
@@ -319,19 +339,18 @@ class BlockCausalForward:
         # The first window re-feeds the prompt's last tokens when some row's prompt ends inside a block.
         self.tail = 0 if slots is None else int(slots.int().argmax(dim=1).max())  # the largest offset
         self.forward_tokens = 0
+        # The layout is the same for every block and step: built once, for all rows.
+        self.inputs = _RowInputs(prompt_ids, prompt_mask, gen_length, cfg_scale=cfg_scale, mask_id=mask_id,
+                                 slots=slots)
+        self.positions = position_ids_from_mask(self.inputs.valid)  # [R, T]
+        self.attend = block_attention(self.inputs.valid, block_size)  # [R, T, T] True = may attend
 
-    def begin_block(self, rows: Tensor, start: int, end: int) -> None:
-        self.rows, self.start, self.end = rows, start, end
-        self.inputs = _RowInputs(self.prompt_ids, self.prompt_mask, rows, cfg_scale=self.cfg_scale,
-                                 mask_id=self.mask_id, slots=self.slots)
-        valid = self.inputs.key_valid(self.gen_length)  # [R, T]
-        self.positions = position_ids_from_mask(valid)
-        self.attend = block_attention(valid, self.block_size)  # [R, T, T] True = may attend
+    def begin_block(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
 
-    def block_logits(self, step: int, completion: Tensor, live: Tensor) -> Tensor:
-        index = self.inputs.index(live)
-        ids = _rows(self.inputs.ids(completion), index)
-        out = self.model(ids, attention_mask=_rows(self.attend, index), position_ids=_rows(self.positions, index))
+    def block_logits(self, step: int, completion: Tensor) -> Tensor:
+        ids = self.inputs.ids(completion)
+        out = self.model(ids, attention_mask=self.attend, position_ids=self.positions)
         self.forward_tokens += ids.numel()
         P = self.inputs.P
         return self.inputs.guide(out.logits[:, P + self.start:P + self.end])
@@ -341,41 +360,30 @@ class ExactBlockCache(BlockCausalForward):
     """Block-causal model with the cache of the prompt and every finished block (exact).
 
     The first step of block b feeds the tokens not cached yet (the previous block, now final, or
-    the prompt at b = 0) together with block b, and keeps the keys/values before block b; later
-    steps feed block b only. So no extra call is spent on writing a finished block into the cache.
+    the prompt at b = 0) together with block b, and writes the keys/values before block b into the
+    preallocated buffer (in place); later steps feed block b only. So no extra call is spent on
+    writing a finished block into the cache, and the past is always a view of the same storage.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.context = 1 if getattr(self.model, "logits_shifted", False) else 0
-        self.layers: Layers | None = None  # keys/values of positions [0, self.cached) of self.cache_rows
+        self.kv = _KVBuffer(self.inputs.valid.shape[1])  # positions [0, self.cached) are final
         self.cached = 0
-        self.cache_rows: Tensor | None = None
         self.like: Any = None
         self.use_cache = True
 
-    def begin_block(self, rows: Tensor, start: int, end: int) -> None:
-        super().begin_block(rows, start, end)
-        if self.layers is not None and not torch.equal(rows, self.cache_rows):  # early exit dropped rows
-            keep = torch.searchsorted(self.cache_rows, rows)  # rows are sorted subsets of cache_rows
-            if self.cfg_scale > 0:
-                keep = torch.cat([keep, keep + self.cache_rows.numel()])
-            self.layers = select_rows(self.layers, keep)
-        self.cache_rows = rows
-
-    def block_logits(self, step: int, completion: Tensor, live: Tensor) -> Tensor:
+    def block_logits(self, step: int, completion: Tensor) -> Tensor:
         if not self.use_cache:
-            return super().block_logits(step, completion, live)
+            return super().block_logits(step, completion)
         P, s, e = self.inputs.P, self.start, self.end
-        index = self.inputs.index(live)  # None at step 0: every row starts the block with masks
-        ids = _rows(self.inputs.ids(completion), index)  # [R', T]
+        ids = self.inputs.ids(completion)  # [R, T]
         a = P + s - self.context - (self.tail if s == 0 else 0)  # the cache ends before a after this block
         lo = self.cached if step == 0 else a  # first fed position
-        past = None if lo == 0 else as_model_cache(_rows(self.layers, index), self.like)
+        past = None if lo == 0 else as_model_cache(self.kv.view(lo), self.like)
         want_cache = True if step == 0 else None  # None: not passed at all
-        out = _call(self.model, ids[:, lo:P + e], attention_mask=_rows(self.attend, index)[:, lo:P + e, :P + e],
-                    position_ids=_rows(self.positions, index)[:, lo:P + e], past_key_values=past,
-                    use_cache=want_cache)
+        out = _call(self.model, ids[:, lo:P + e], attention_mask=self.attend[:, lo:P + e, :P + e],
+                    position_ids=self.positions[:, lo:P + e], past_key_values=past, use_cache=want_cache)
         self.forward_tokens += ids[:, lo:P + e].numel()
         if step == 0:
             layers = cache_layers(getattr(out, "past_key_values", None))
@@ -384,7 +392,8 @@ class ExactBlockCache(BlockCausalForward):
                 self.use_cache = False  # these logits are still right: this call saw blocks <= b
             else:
                 self.like = out.past_key_values
-                self.layers, self.cached = slice_layers(layers, 0, a), a
+                self.kv.write(layers, self.cached, a)  # the returned cache spans [0, P + e)
+                self.cached = a
         return self.inputs.guide(out.logits[:, P + s - lo:P + e - lo])
 
 

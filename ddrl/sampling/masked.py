@@ -14,8 +14,8 @@ masked positions, step s commits k_s = n // spb tokens, one more in the first n 
 With temperature 0 and low-confidence remasking the tokens are the reference's, exactly (the test
 compares with a plain per-row transcription). Where this code differs from the reference:
   (a) Gumbel-max in log space (utils.gumbel_argmax): the same draw, without exp() overflow.
-  (b) Noise is drawn only for the current block, from the explicit generator, for all rows even
-      after early exit removed some, so a row's samples never depend on the other rows.
+  (b) Noise is drawn only for the current block, from the explicit generator, for all rows at
+      every step, so a row's samples never depend on the other rows (nor on which have finished).
   (c) Only positions of the current block are committed. The reference also lets [MASK] tokens
       that a user typed inside the prompt compete for the block's commits; here a prompt is given.
   (d) Equal confidences go to the leftmost position (stable sort); the reference leaves ties to
@@ -47,18 +47,26 @@ cos(pi tau / 2), picked by EMERGE_SCHEDULE_FOR_PROCESS from the model's process 
 denoiser does not see t, so any pace gives valid samples; it only decides when tokens appear.
 
 **"block"** (SDAR/TraDo block diffusion; §1.6): the masked sampler with block_length = model.block_size
-for block-causal models, threshold decoding when rollout.threshold is set. Blocks are counted from the
-start of the completion (block b = completion positions [b * block_size, (b + 1) * block_size)) and
-the prompt is one block before them, the convention of ddrl.processes.block that block models are
-trained with; the sampler passes that attention mask explicitly (ddrl.sampling.cache), for every
-row whatever its prompt length, and the same holds for any sampler run on a block-causal model.
+for block-causal models, threshold decoding when rollout.threshold is set, SDAR's dynamic rule with
+remasking="sdar_dynamic". Blocks follow SDAR's layout (ddrl.processes.block: block = position //
+block_size, prompt included), the layout every estimator and block pretraining use; a row whose
+prompt ends inside a block first finishes that block, so its completion is shifted by
+n_prompt % block_size empty slots inside the loop (ddrl.sampling.cache) and may span one block
+more. Steps per block = steps / ceil(gen_length / block_length). The sampler passes the layout's
+attention mask explicitly, for every row whatever its prompt length.
 
 **Early exit** (registry samplers, rollout.early_exit): after a block is finished, a row whose
-completion so far contains model.eos_token_id has its remaining blocks filled with EOS and gets no
-further model calls; the loop stops when every row is done. Tokens up to a row's first EOS are the
-ones it would get without early exit (same noise, see (b)). Within a block, a row whose block has
-no mask left sits out the block's remaining steps (threshold decoding finishes rows at different
-steps); its tokens cannot change, so this too changes cost only.
+completion so far contains model.eos_token_id has its remaining blocks filled with EOS and takes
+no further part in decoding; the loop stops when every row is done. Tokens up to a row's first EOS
+are the ones it would get without early exit (same noise, see (b)). Within a block, a row whose
+block has no mask left sits out the block's remaining steps (threshold decoding finishes rows at
+different steps); its tokens cannot change.
+**Static shapes**: a finished row or one sitting a step out stays in the batch. Every model call
+of a generation is fed all B rows (2B under guidance), at shapes that depend only on the block and
+step, and the KV caches live in buffers allocated once (ddrl.sampling.cache); the rows that are not
+live are masked: nothing of theirs is committed and their recorded probabilities stay NaN. This is
+what CUDA graphs / torch.compile need and saves the copy of the whole cache when rows finish; the
+price is compute on rows whose results are thrown away (forward_tokens counts every row fed).
 
 **Trajectory** (return_trajectory=True), recorded from the logits already computed, no extra call:
   commit_step [B, L]  global 0-based step (model call) at which each completion position was
@@ -71,7 +79,7 @@ steps); its tokens cannot change, so this too changes cost only.
                         * positions filled by early exit: NaN.
   The final token of a position is known only when it is committed, so exact values for earlier
   steps need that step's whole distribution. Keeping it for every position at every step would cost
-  O(S * B * L * V); we keep it only for the block being decoded, as float32 [A, block_length, V] per
+  O(S * B * L * V); we keep it only for the block being decoded, as float32 [B, block_length, V] per
   step, and gather it when the block closes: peak extra memory spb * B * block_length * V * 4 bytes
   (LLaDA, 6 rows, block 32, 16 steps per block: ~1.5 GB on the GPU; the emerge sampler's block is the
   whole completion by default), freed after each block; the result is O(B * S * L).
@@ -167,13 +175,13 @@ class _FixedCountRule:
         self.counts: Tensor | None = None
 
     def begin_block(self, masked: Tensor) -> None:
-        self.counts = transfer_counts(masked.sum(dim=1), self.steps_per_block)  # [A, spb]
+        self.counts = transfer_counts(masked.sum(dim=1), self.steps_per_block)  # [B, spb]
 
     def more_steps(self, step: int, masked: Tensor) -> bool:
         return step < self.steps_per_block
 
-    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise, live: Tensor) -> Tensor:
-        return commit_top_k(confidence, self.counts[live, step])
+    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise) -> Tensor:
+        return commit_top_k(confidence, self.counts[:, step])
 
     def step_time(self, step: int) -> float | None:
         return None
@@ -193,7 +201,7 @@ class _ThresholdRule:
     def more_steps(self, step: int, masked: Tensor) -> bool:
         return bool(masked.any())
 
-    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise, live: Tensor) -> Tensor:
+    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise) -> Tensor:
         return commit_above_threshold(confidence, masked, self.threshold)
 
     def step_time(self, step: int) -> float | None:
@@ -212,13 +220,13 @@ class _DynamicRule(_FixedCountRule):
 
     def begin_block(self, masked: Tensor) -> None:
         full = torch.full((masked.shape[0],), self.block_length, dtype=torch.long, device=masked.device)
-        self.counts = transfer_counts(full, self.steps_per_block)  # [A, spb]
+        self.counts = transfer_counts(full, self.steps_per_block)  # [B, spb]
 
     def more_steps(self, step: int, masked: Tensor) -> bool:
         return step < self.steps_per_block and bool(masked.any())
 
-    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise, live: Tensor) -> Tensor:
-        return commit_dynamic(confidence, masked, self.threshold, self.counts[live, step])
+    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise) -> Tensor:
+        return commit_dynamic(confidence, masked, self.threshold, self.counts[:, step])
 
 
 class _FactorRule(_ThresholdRule):
@@ -227,7 +235,7 @@ class _FactorRule(_ThresholdRule):
     def __init__(self, factor: float):
         self.factor = factor
 
-    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise, live: Tensor) -> Tensor:
+    def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: RowNoise) -> Tensor:
         return commit_by_factor(confidence, masked, self.factor)
 
 
@@ -246,7 +254,7 @@ class _EmergeRule:
     def more_steps(self, step: int, masked: Tensor) -> bool:
         return step < self.steps_per_block
 
-    def choose(self, step: int, confidence: Tensor | None, masked: Tensor, noise: RowNoise, live: Tensor) -> Tensor:
+    def choose(self, step: int, confidence: Tensor | None, masked: Tensor, noise: RowNoise) -> Tensor:
         T = self.steps_per_block
         if step == T - 1:  # k(1) is 0 only up to rounding (cos(pi/2) = 6e-17): fill explicitly
             return masked
@@ -271,13 +279,13 @@ class _ProbRecorder:
         self.times: list[float | None] = []
 
     def add_step(self, probs: Tensor, time: float | None, live: Tensor) -> None:
-        """probs [A', W, V] of the live rows ([A] bool); a row sitting the step out has its whole
-        block committed already, so its entries are replaced by the commit-step values later."""
+        """probs [A, W, V] of every row, live [A] bool. A row that is not live records NaN: one
+        sitting the step out has its whole block committed already (its entries are replaced by
+        the commit-step values later), a finished row has no entry at all (filled by early exit)."""
+        probs = probs.float()
         if not bool(live.all()):
-            full = probs.new_full((live.shape[0], *probs.shape[1:]), float("nan"), dtype=torch.float32)
-            full[live] = probs.float()
-            probs = full
-        self.buffer.append(probs.float())
+            probs = probs.masked_fill(~live[:, None, None], float("nan"))
+        self.buffer.append(probs)
         self.times.append(time)
 
     def close_block(self, rows: Tensor, start: int, first_step: int, final: Tensor) -> None:
@@ -342,34 +350,34 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule, settin
     commit_step = torch.full((B, width), -1, dtype=torch.long, device=device)  # [B, W]
     empty = torch.zeros_like(completion, dtype=torch.bool) if slots is None else ~slots  # never committed
     running = torch.ones(B, dtype=torch.bool, device=device)
+    every = torch.arange(B, device=device)  # the batch never shrinks (module doc: static shapes)
     recorder = _ProbRecorder() if record else None
     nfe = 0
     for start in range(0, width, block_length):
         end = min(start + block_length, width)
-        rows = running.nonzero().squeeze(1)  # [A]
-        if rows.numel() == 0:  # early exit: every row has its EOS
+        if not bool(running.any()):  # early exit: every row has its EOS
             break
-        rule.begin_block(_still_masked(completion, empty, rows, start, end, settings.mask_id))
-        forward.begin_block(rows, start, end)
+        rule.begin_block(_still_masked(completion, empty, start, end, settings.mask_id))
+        forward.begin_block(start, end)
         first_step, step = nfe, 0
-        while rule.more_steps(step, masked := _still_masked(completion, empty, rows, start, end, settings.mask_id)):
-            # Rows whose block is already full sit the step out (threshold decoding finishes rows at
-            # different steps); when none has a mask left (LLaDA's trailing no-op steps) all run.
-            # A block's first step runs every row: the exact cache of a block model is built from it
-            # (a row whose prompt ends late can have no slot in the last window).
-            live = masked.any(dim=1)  # [A]
+        while rule.more_steps(step, masked := _still_masked(completion, empty, start, end, settings.mask_id)):
+            # Live rows: those with a mask left in the block (threshold decoding finishes rows at
+            # different steps); when none has one (LLaDA's trailing no-op steps), and at a block's
+            # first step, every running row. Every row is fed to the model all the same; the others'
+            # results are discarded: they have no mask in the window (finished rows are EOS-filled),
+            # so nothing of theirs is committed, and their recorded probabilities stay NaN.
+            live = masked.any(dim=1) & running  # [B]
             if step == 0 or not live.any():
-                live = torch.ones_like(live)
-            sub = rows[live]  # [A']
-            noise = RowNoise(settings.generator, B, sub, device)  # draws for all B rows: the same numbers
-            logits = forward.block_logits(step, completion[rows], live)  # [A', W, V]
-            window, committed = _step(logits, completion[sub, start:end], masked[live], rule, step, settings, noise,
-                                      live, recorder)
-            completion[sub, start:end] = window
-            commit_step[sub, start:end] = torch.where(committed, nfe, commit_step[sub, start:end])
+                live = running
+            noise = RowNoise(settings.generator, B, every, device)
+            logits = forward.block_logits(step, completion)  # [B, W, V]
+            window, committed = _step(logits, completion[:, start:end], masked & live[:, None], rule, step,
+                                      settings, noise, live, recorder)
+            completion[:, start:end] = window
+            commit_step[:, start:end] = torch.where(committed, nfe, commit_step[:, start:end])
             nfe, step = nfe + 1, step + 1
         if recorder is not None:
-            recorder.close_block(rows, start, first_step, completion[rows, start:end])
+            recorder.close_block(every, start, first_step, completion[:, start:end])
         if eos_id is not None:
             done = ((completion[:, :end] == eos_id) & ~empty[:, :end]).any(dim=1)  # [B]
             completion[done, end:] = eos_id
@@ -386,9 +394,9 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule, settin
     return _Decoded(completion, trajectory, nfe, forward.forward_tokens)
 
 
-def _still_masked(completion: Tensor, empty: Tensor, rows: Tensor, start: int, end: int, mask_id: int) -> Tensor:
-    """[A, W] bool: the window's slots that are still masked (empty slots never are)."""
-    return (completion[rows, start:end] == mask_id) & ~empty[rows, start:end]
+def _still_masked(completion: Tensor, empty: Tensor, start: int, end: int, mask_id: int) -> Tensor:
+    """[B, W] bool: the window's slots that are still masked (empty slots never are)."""
+    return (completion[:, start:end] == mask_id) & ~empty[:, start:end]
 
 
 def block_offsets(model, prompt_ids: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
@@ -412,20 +420,20 @@ def completion_slots(offsets: Tensor, gen_length: int, width: int) -> Tensor:
 
 def _step(logits: Tensor, window: Tensor, masked: Tensor, rule, step: int, settings: _Settings, noise: RowNoise,
           live: Tensor, recorder: _ProbRecorder | None) -> tuple[Tensor, Tensor]:
-    """The block's logits [A', W, V], tokens [A', W] and still-masked slots [A', W] of the live rows
-    (live: [A] bool over the block's rows) -> (new tokens [A', W], committed this step [A', W])."""
+    """The block's logits [B, W, V], tokens [B, W] and still-masked slots [B, W] (none in a row that
+    is not live, live: [B] bool) -> (new tokens [B, W], committed this step [B, W])."""
     s = settings
     if not 0 <= s.mask_id < logits.shape[-1]:
         raise ValueError(f"mask_id={s.mask_id} is outside the model's vocabulary [0, {logits.shape[-1]}); "
                          f"pass the model's mask token id (model.mask_token_id)")
-    uniforms = noise(*logits.shape[1:]) if s.temperature > 0 else None  # [A, W, V]
+    uniforms = noise(*logits.shape[1:]) if s.temperature > 0 else None  # [B, W, V]
     if s.remasking == "sdar_dynamic":  # SDAR's candidate and confidence: the filtered, tempered softmax
         x0, sdar_confidence = tempered_confidence(logits, s.temperature, s.top_k, s.top_p, uniforms=uniforms)
     else:
-        x0 = gumbel_argmax(logits, s.temperature, uniforms)  # [A, W]
+        x0 = gumbel_argmax(logits, s.temperature, uniforms)  # [B, W]
     # Confidences in float64 as in the reference: float32 ties and rounding would reorder commits.
     want_probs = recorder is not None or (rule.uses_confidence and s.remasking == "low_confidence")
-    probs = torch.softmax(logits.double(), dim=-1) if want_probs else None  # [A, W, V]
+    probs = torch.softmax(logits.double(), dim=-1) if want_probs else None  # [B, W, V]
     confidence = None
     if rule.uses_confidence:
         if s.remasking == "sdar_dynamic":
@@ -435,7 +443,7 @@ def _step(logits: Tensor, window: Tensor, masked: Tensor, rule, step: int, setti
         else:
             confidence = noise(masked.shape[1])
         confidence = confidence.masked_fill(~masked, float("-inf"))  # committed positions never move
-    committed = rule.choose(step, confidence, masked, noise, live) & masked
+    committed = rule.choose(step, confidence, masked, noise) & masked
     if recorder is not None:
         recorder.add_step(probs, rule.step_time(step), live)
     return torch.where(committed, x0, window), committed
