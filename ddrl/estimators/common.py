@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ddrl.logits import kept_logits
 from ddrl.types import RolloutBatch
 
 
@@ -51,7 +52,7 @@ def forward_logprobs(model, prompt_in: Tensor, prompt_mask: Tensor, completion_i
     class_range=(a, b) restricts the softmax to vocabulary ids [a, b) (uniform diffusion classes);
     targets are then ids in [a, b).
     """
-    N, P = prompt_in.shape
+    N = prompt_in.shape[0]
     L = completion_in.shape[1]
     ids = torch.cat([prompt_in, completion_in], dim=1)  # [N, T]
     attention = torch.cat([prompt_mask.bool(), torch.ones(N, L, dtype=torch.bool, device=ids.device)], dim=1)
@@ -59,7 +60,7 @@ def forward_logprobs(model, prompt_in: Tensor, prompt_mask: Tensor, completion_i
     out = []
     for start in range(0, N, step):
         rows = slice(start, start + step)
-        logits = model(ids[rows], attention_mask=attention[rows]).logits[:, P:]  # [n, L, V]
+        logits = kept_logits(model, ids[rows], attention[rows], logits_to_keep=L)  # [n, L, V], the completion's
         tgt = targets[rows]
         if class_range is not None:
             logits = logits[..., class_range[0]:class_range[1]]

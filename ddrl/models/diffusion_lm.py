@@ -11,6 +11,15 @@ about it. Position 0 has no prediction of its own after the shift and repeats po
 logits (it is always a prompt token). With a KV cache the first new position has the same issue:
 a caller that needs its prediction must include the token before it in the new chunk.
 
+**Only the positions a caller scores go through the LM head.** `logits_to_keep` (None/0 = all,
+an int K = the last K, a 1-D index tensor = those positions) returns [B, K, V]. At LLaDA-8B's
+vocabulary (126,464) the head over [prompt, completion] is most of a scoring pass's memory, and
+the estimators read only the completion. The request reaches the backbone when its forward takes
+one (native families and the built-in Denoiser take index tensors; transformers models an int,
+so they compute a suffix that covers the positions); otherwise every position is computed and
+sliced. A shifted (Dream) model asks its backbone for raw positions max(i - 1, 0).
+`kept_logits(model, ...)` is the caller's side: it slices for models that take no request.
+
 **One source for the block size.** `DiffusionLM.block_size` is read from the backbone's own
 config (the built-in DenoiserConfig, a checkpoint's config.json through ddrl.models.families);
 a block process's spec carries no copy of its own: `process_spec["block_size"]` is derived from
@@ -20,18 +29,22 @@ the model's on every read. `make_process_spec` is the one place a process spec i
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 
+from ddrl.logits import LogitsToKeep, kept_index, keeps_some, names_parameter
+from ddrl.models.backbone import base_model
 from ddrl.models.io import CONFIG_FILE, atomic_directory, check_model_dir, read_json, write_json
 from ddrl.models.tokenizer import TOKENIZER_FILE, SymbolTokenizer
 from ddrl.models.transformer import Denoiser
+
 
 # Logit given to the mask token when it is suppressed. Finite on purpose: -inf makes p * log p
 # (entropies, full-vocabulary KLs) NaN. exp(-1e4) is exactly 0 in float32/bfloat16, and dividing
@@ -206,19 +219,38 @@ class DiffusionLM(nn.Module):
                 return value
         return None
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, **kwargs: Any) -> DiffusionLMOutput:
-        """input_ids [B, T] -> logits [B, T, V] aligned with the input positions.
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, logits_to_keep: LogitsToKeep = None,
+                **kwargs: Any) -> DiffusionLMOutput:
+        """input_ids [B, T] -> logits [B, T, V] aligned with the input positions ([B, K, V] for the
+        K positions of logits_to_keep, computed through the LM head only there when the backbone can).
 
         kwargs (position_ids, past_key_values, use_cache, ...) go to the backbone unchanged.
         """
-        out = self.model(input_ids, attention_mask=attention_mask, **kwargs)
-        return DiffusionLMOutput(logits=self.align_logits(out.logits), past_key_values=getattr(out, "past_key_values", None))
+        run = functools.partial(self.model, input_ids, attention_mask=attention_mask, **kwargs)
+        out, logits = self._kept_forward(run, input_ids, logits_to_keep, logits_to_keep_kind(self.model))
+        return DiffusionLMOutput(logits=logits, past_key_values=getattr(out, "past_key_values", None))
+
+    def _kept_forward(self, run: Callable[..., Any], input_ids: Tensor, logits_to_keep: LogitsToKeep,
+                      kind: str | None) -> tuple[Any, Tensor]:
+        """run(**kw) calls the backbone on input_ids [B, T] -> (its output, aligned logits at the kept
+        positions [B, K, V]). kind: what the backbone takes as logits_to_keep ("tensor", "int" or None)."""
+        if not keeps_some(logits_to_keep):
+            out = run()
+            return out, self.align_logits(out.logits)
+        T = input_ids.shape[1]
+        request = backbone_positions(logits_to_keep, T, shifted=self.logits_shifted, device=input_ids.device)
+        out, raw = requested_logits(run, kind, T, request)
+        return out, self.suppress_logits(raw)  # already aligned: the shift is in the positions asked for
 
     def align_logits(self, logits: Tensor) -> Tensor:
         """The backbone's logits [B, T, V] -> ours: undo the Dream shift, suppress the mask token.
         (Subclasses that feed the backbone differently, e.g. ddrl.models.hf, reuse it.)"""
         if self.logits_shifted:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        return self.suppress_logits(logits)
+
+    def suppress_logits(self, logits: Tensor) -> Tensor:
+        """[..., V] -> the same with the mask token's logit suppressed when suppress_mask_logit."""
         if self.suppress_mask_logit:
             index = torch.tensor([self.mask_token_id], device=logits.device)
             logits = logits.index_fill(-1, index, SUPPRESSED_LOGIT)
@@ -327,3 +359,54 @@ def save_backbone(backbone: nn.Module, directory: Path, state_dict: dict[str, Te
         backbone.save_pretrained(directory)
     finally:
         handle.remove()
+
+
+# --------------------------------------------------------------------------------------------
+# logits_to_keep: the LM head only where a caller scores
+# --------------------------------------------------------------------------------------------
+
+
+def backbone_positions(logits_to_keep: int | Tensor, T: int, *, shifted: bool,
+                       device: torch.device | None = None) -> int | Tensor:
+    """The backbone positions whose raw logits are the aligned ones at the kept positions: the same
+    count K, or an index tensor (on `device`); for a shifted model max(i - 1, 0) (module docstring)."""
+    index = kept_index(logits_to_keep, T, device)  # checks the range
+    if shifted:
+        return (index - 1).clamp(min=0)
+    return index if isinstance(logits_to_keep, Tensor) else int(logits_to_keep)
+
+
+def logits_to_keep_kind(backbone: nn.Module) -> str | None:
+    """What a backbone's forward takes as logits_to_keep: "tensor" (an index tensor: the classes of
+    ddrl.models.native and the built-in Denoiser, also under FSDP2's subclass), "int" (a count:
+    transformers models that name the argument) or None (nothing: compute every position and slice)."""
+    base = base_model(backbone)
+    if isinstance(base, Denoiser) or any(c.__module__.startswith(_NATIVE_PACKAGE) for c in type(base).__mro__):
+        return "tensor"
+    return "int" if names_parameter(base, "logits_to_keep") else None
+
+
+_NATIVE_PACKAGE = "ddrl.models.native."
+
+
+def requested_logits(run: Callable[..., Any], kind: str | None, T: int, request: int | Tensor) -> tuple[Any, Tensor]:
+    """The backbone's raw logits at `request` (a count K = the last K, or an index tensor) -> (output, [B, K, V]).
+
+    A backbone that ignores the request (returns all T positions) is sliced; asking for as many
+    positions as there are computes them all, with no request.
+    """
+    count = request if isinstance(request, int) else int(request.numel())
+    if isinstance(request, Tensor) and kind == "int":  # the suffix that covers the positions
+        suffix = T - int(request.min()) if count else 1
+        out = run(logits_to_keep=suffix) if suffix < T else run()
+    elif kind is None or count >= T:
+        out = run()
+    else:
+        out = run(logits_to_keep=request)
+    logits = out.logits  # [B, W, V]: the last W positions, or exactly the requested ones
+    width = logits.shape[1]
+    if isinstance(request, int):
+        return out, logits if width == request else logits[:, width - request:]
+    if kind == "tensor" and width == count < T:
+        return out, logits
+    return out, logits[:, request.to(logits.device) - (T - width)]

@@ -43,6 +43,7 @@ torch.utils.checkpoint (non-reentrant; ddrl.models.backbone).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import traceback
@@ -53,8 +54,9 @@ import torch
 from torch import Tensor, nn
 
 from ddrl.models.backbone import base_model, checkpoint_blocks, logits_width, transformer_blocks
-from ddrl.models.diffusion_lm import (SUPPRESSED_LOGIT, DiffusionLM, DiffusionLMOutput, load_saved_adapter,
-                                      make_process_spec)
+from ddrl.logits import LogitsToKeep
+from ddrl.models.diffusion_lm import (SUPPRESSED_LOGIT, DiffusionLM, DiffusionLMOutput,
+                                      load_saved_adapter, logits_to_keep_kind, make_process_spec)
 from ddrl.models.families import (FAMILIES, FamilyFacts, checkpoint_block_size, detect_family, family_facts,
                                   image_token_range, remote_code_files)
 from ddrl.models.feeds import FEEDS
@@ -106,13 +108,17 @@ class HFDiffusionLM(DiffusionLM):
         self._attention = name
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                past_key_values: Any = None, use_cache: bool = False) -> DiffusionLMOutput:
-        """input_ids [B, T_new] -> logits [B, T_new, V] aligned with the input (DiffusionLM's contract).
+                past_key_values: Any = None, use_cache: bool = False, *,
+                logits_to_keep: LogitsToKeep = None) -> DiffusionLMOutput:
+        """input_ids [B, T_new] -> logits [B, T_new, V] aligned with the input (DiffusionLM's contract;
+        [B, K, V] for the K positions of logits_to_keep).
 
         attention_mask: None; [B, T_past + T_new] padding mask (1 = real); or a boolean
         [B, (1,) T_new, T_past + T_new] mask used as given. position_ids [B, T_new].
         past_key_values / use_cache reach backbones whose feed takes a cache ("native"); the
         "unpadded" and "canvas" feeds return none (ddrl's samplers then run without one).
+        logits_to_keep reaches the backbone through the "native" feed only; the others compute every
+        position, sliced.
         """
         if past_key_values is not None and not self._feed.takes_cache:
             raise ValueError(f"the {self.family!r} backbone is run without a KV cache by ddrl; "
@@ -122,8 +128,9 @@ class HFDiffusionLM(DiffusionLM):
             kwargs["position_ids"] = position_ids
         if self._feed.takes_cache and (past_key_values is not None or use_cache):
             kwargs.update(past_key_values=past_key_values, use_cache=use_cache)
-        out = self._feed.run(self, input_ids, attention_mask, **kwargs)
-        logits = self.align_logits(out.logits)  # [B, T_new, V]
+        run = functools.partial(self._feed.run, self, input_ids, attention_mask, **kwargs)
+        kind = logits_to_keep_kind(self.model) if self.attention == "native" else None
+        out, logits = self._kept_forward(run, input_ids, logits_to_keep, kind)  # [B, T_new or K, V]
         if self.logits_range is not None:
             lo, hi = self.logits_range
             outside = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device)

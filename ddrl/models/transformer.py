@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ddrl.processes.block import block_layout_mask
+from ddrl.models.native.base import kept_positions
 from ddrl.models.io import CONFIG_FILE, WEIGHTS_FILE, ModelDirectoryError, check_model_dir, read_json, write_json
 
 MODEL_TYPE = "ddrl_denoiser"  # config.json "model_type" of a built-in model directory
@@ -80,8 +81,9 @@ class DenoiserConfig:
 
 @dataclass
 class DenoiserOutput:
-    logits: Tensor  # [B, T, V]
+    logits: Tensor  # [B, T, V] (or [B, K, V] with logits_to_keep)
     past_key_values: KVCache | None = None  # per layer (k, v) [B, H, T_past + T, Dh] when use_cache
+    hidden_states: Tensor | None = None  # [B, T, D] after the final norm (what lm_head reads)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -189,14 +191,18 @@ class Denoiser(nn.Module):
     # ------------------------------------------------------------------ forward
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                past_key_values: KVCache | None = None, use_cache: bool = False) -> DenoiserOutput:
-        """
+                past_key_values: KVCache | None = None, use_cache: bool = False,
+                logits_to_keep: int | Tensor | None = None) -> DenoiserOutput:
+        """The backbone contract of ddrl.models.native.base.
+
         input_ids:       [B, T] long, the new tokens.
         attention_mask:  None (attend everything allowed by block_size); [B, T_past + T] with
                          1 = real token, 0 = padding; or a boolean [B, T, T_past + T] /
                          [B, 1, T, T_past + T] (True = may attend), used exactly as given.
         position_ids:    [B, T]; default from the 2-D mask (cumsum - 1), else T_past + arange(T).
         past_key_values: per layer (k, v) [B, H, T_past, Dh] from an earlier call with use_cache.
+        logits_to_keep:  None / 0: logits at every position; an int K: the last K; a 1-D long tensor:
+                         those positions (only they go through lm_head).
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
@@ -217,8 +223,9 @@ class Denoiser(nn.Module):
                 h, kv = layer(h, cos, sin, mask, past)
             if use_cache:
                 cache.append(kv)
-        logits = self.lm_head(self.norm(h))  # [B, T, V]
-        return DenoiserOutput(logits=logits, past_key_values=cache if use_cache else None)
+        hidden = self.norm(h)  # [B, T, D]
+        logits = self.lm_head(kept_positions(hidden, logits_to_keep))  # [B, T or K, V]
+        return DenoiserOutput(logits=logits, past_key_values=cache if use_cache else None, hidden_states=hidden)
 
     def _check_cache(self, past_key_values: KVCache | None, batch: int) -> int:
         if not past_key_values:

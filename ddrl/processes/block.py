@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ddrl.logits import kept_logits
 from ddrl.processes.base import check_eligible, check_tokens
 from ddrl.processes.masked import MaskedProcess, _per_token_loss
 from ddrl.processes.schedules import Schedule
@@ -204,11 +205,11 @@ def staircase_inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Te
 
 def _staircase_noisy_logits(model: Any, clean: Tensor, noisy: Tensor, blocks: Tensor, key_valid: Tensor) -> Tensor:
     """One forward pass over [clean | noisy] [B, 2T]; returns the noisy stream's logits [B, T, V]."""
+
     T = clean.shape[1]
     positions = position_ids_from_mask(key_valid)
-    logits = model(torch.cat([clean, noisy], dim=1), attention_mask=staircase_mask(blocks, key_valid),
-                   position_ids=torch.cat([positions, positions], dim=1)).logits  # [B, 2T, V]
-    return logits[:, T:]
+    return kept_logits(model, torch.cat([clean, noisy], dim=1), staircase_mask(blocks, key_valid),
+                       position_ids=torch.cat([positions, positions], dim=1), logits_to_keep=T)  # [B, T, V]
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,11 +260,13 @@ def staircase_elbo(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completi
     token_logp [B, L] (those weighted terms, 0 where not masked; token_logp.sum(1) == elbo) and
     noised [B, L] bool. mask_token_id defaults to model.mask_token_id.
     """
+
     process = _make_process(model, block_size, mask_token_id, schedule)
     noisy, noised, t_tok = _block_noise(process, prompt_mask, completion_ids, completion_mask, generator, eps)
     input_ids, position_ids, attn_mask = staircase_inputs(prompt_ids, prompt_mask, completion_ids, noisy, block_size)
-    logits = model(input_ids, attention_mask=attn_mask, position_ids=position_ids).logits  # [B, 2T, V]
-    noisy_completion_logits = logits[:, input_ids.shape[1] - completion_ids.shape[1]:]  # [B, L, V]
+    # the noisy completion is the last L of the 2T positions: only it goes through the LM head
+    noisy_completion_logits = kept_logits(model, input_ids, attn_mask, position_ids=position_ids,
+                                          logits_to_keep=completion_ids.shape[1])  # [B, L, V]
     return _elbo_from_logits(process, noisy_completion_logits, completion_ids, noised, t_tok)
 
 
@@ -275,9 +278,10 @@ def blockwise_elbo(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completi
     One forward pass per block b on [prompt, clean blocks < b, noisy block b] with the ordinary
     block-causal mask. The reference that the one-pass construction is tested against.
     """
+
     process = _make_process(model, block_size, mask_token_id, schedule)
     noisy, noised, t_tok = _block_noise(process, prompt_mask, completion_ids, completion_mask, generator, eps)
-    P, L = prompt_ids.shape[1], completion_ids.shape[1]
+    L = completion_ids.shape[1]
     key_valid = torch.cat([prompt_mask.bool(), torch.ones_like(completion_ids, dtype=torch.bool)], dim=1)
     blocks = block_ids(key_valid, block_size)  # [B, T]
     positions = position_ids_from_mask(key_valid)
@@ -289,7 +293,7 @@ def blockwise_elbo(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completi
         ids = torch.cat([prompt_ids, torch.where(rel < b, completion_ids, noisy)], dim=1)  # [B, T]
         visible = key_valid & torch.cat([torch.ones_like(prompt_mask, dtype=torch.bool), rel <= b], dim=1)
         mask = block_causal_mask(blocks, visible)
-        out = model(ids, attention_mask=mask, position_ids=positions).logits[:, P:]  # [B, L, V]
+        out = kept_logits(model, ids, mask, position_ids=positions, logits_to_keep=L)  # [B, L, V]
         per_block.append(out)
     stacked = torch.stack(per_block, dim=0)  # [n_blocks, B, L, V]
     logits = stacked.gather(0, rel[None, :, :, None].expand(1, *stacked.shape[1:])).squeeze(0)  # [B, L, V]

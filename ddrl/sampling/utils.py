@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ddrl.logits import kept_logits
 from ddrl.processes.draws import uniform_draw
 
 
@@ -74,10 +75,10 @@ def completion_logits(model, prompt_ids: Tensor, prompt_mask: Tensor | None, com
     of 2A rows; the unconditional input has every real prompt token replaced by mask_id (padding is
     left as it is, the attention mask hides it).
     The logits must be aligned (position i predicts the clean token at i): DiffusionLM realigns a
-    Dream backbone's shifted logits itself (ddrl.models.diffusion_lm), so they are read at P + j
-    here whatever `logits_shifted` says; reading them one position earlier again would shift twice.
+    Dream backbone's shifted logits itself (ddrl.models.diffusion_lm), so the last L positions are
+    read here whatever `logits_shifted` says; reading them one position earlier again would shift twice.
     """
-    P, L = prompt_ids.shape[1], completion.shape[1]
+    L = completion.shape[1]
     x = torch.cat([prompt_ids, completion], dim=1)  # [A, T]
     attn = None
     if prompt_mask is not None:
@@ -87,8 +88,7 @@ def completion_logits(model, prompt_ids: Tensor, prompt_mask: Tensor | None, com
         uncond = torch.cat([prompt_ids.masked_fill(real, mask_id), completion], dim=1)
         x = torch.cat([x, uncond], dim=0)  # [2A, T]
         attn = None if attn is None else torch.cat([attn, attn], dim=0)
-    logits = (model(x) if attn is None else model(x, attention_mask=attn)).logits  # [A or 2A, T, V]
-    logits = logits[:, P:P + L]
+    logits = kept_logits(model, x, attn, logits_to_keep=L)  # [A or 2A, L, V]: the LM head on the completion only
     if cfg_scale > 0:
         cond, uncond_logits = logits.chunk(2, dim=0)
         logits = guided_logits(cond, uncond_logits, cfg_scale)
