@@ -35,7 +35,11 @@ class Staircase:
     def __call__(self, model, batch: RolloutBatch, seed: int) -> EstimatorOutput:
         from ddrl.processes.block import staircase_elbo  # processes may import this layer's types; keep it lazy
 
-        block_size = self.block_size or getattr(model, "block_size", None)
+        own = getattr(model, "block_size", None)
+        if self.block_size and own and self.block_size != own:
+            raise ValueError(f"estimator_args.block_size={self.block_size} contradicts the block model's block_size="
+                             f"{own}: the ELBO would score a layout the model never runs; leave it unset")
+        block_size = self.block_size or own
         if not block_size:
             raise ValueError("the staircase estimator needs a block size: set estimator_args.block_size "
                              "or use a block-diffusion model (model.block_size)")

@@ -145,6 +145,11 @@ class DiffusionLM(nn.Module):
             )
         if block_size is None:
             block_size = getattr(backbone_config, "block_size", None)
+        elif hasattr(backbone_config, "block_size") and backbone_config.block_size != block_size:
+            # One source of truth: the backbone's own attention decides the layout; a wrapper that
+            # said otherwise would make the sampler and the estimators see different models.
+            raise ValueError(f"block_size={block_size} contradicts the backbone's own block_size="
+                             f"{backbone_config.block_size} ({type(model).__name__}); leave block_size unset")
         self.logits_shifted = bool(logits_shifted)
         self.family = family
         self.suppress_mask_logit = bool(suppress_mask_logit)

@@ -125,8 +125,29 @@ def load_tokenizer(directory: Path, *, native: bool, trust_remote_code: bool = F
     except (OSError, ValueError, TypeError) as e:
         if isinstance(e, ModelDirectoryError):
             raise
+        needs_code = not native and not trust_remote_code and _tokenizer_auto_map(directory)
+        if needs_code:
+            raise ModelDirectoryError(
+                f"the tokenizer in {str(directory)!r} ships its own code (tokenizer_config.json auto_map: "
+                f"{', '.join(needs_code)}); read it, then pass model.trust_remote_code=true "
+                f"(--trust-remote-code) to run it, or save a tokenizer.json there") from None
         raise ModelDirectoryError(f"the tokenizer in {str(directory)!r} does not load ({type(e).__name__}: {e}); "
                                   f"save one there with tokenizer.save_pretrained") from None
+
+
+def _tokenizer_auto_map(directory: Path) -> list[str]:
+    """The code files a tokenizer_config.json's auto_map names ([] when it names none)."""
+    import json
+
+    path = directory / "tokenizer_config.json"
+    try:
+        auto_map = json.loads(path.read_text()).get("auto_map") if path.is_file() else None
+    except (OSError, ValueError):
+        return []
+    if isinstance(auto_map, dict):
+        auto_map = auto_map.get("AutoTokenizer")
+    refs = auto_map if isinstance(auto_map, (list, tuple)) else [auto_map]
+    return sorted({f"{str(r).split('.')[0]}.py" for r in refs if r})
 
 
 def _load_without_code(directory: Path) -> Any:

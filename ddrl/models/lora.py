@@ -160,8 +160,8 @@ def lora_targets(backbone: nn.Module, targets: list[str], exclude: list[str] | N
         logger.warning("LoRA: model.lora.target_modules entries that match no linear layer of %s (ignored): %s",
                        type(backbone).__name__, ", ".join(unmatched))
     if skipped_head:
-        logger.info("LoRA: the LM head %s is not adapted although %s match it: name it by its full path to adapt it",
-                    head_name, ", ".join(repr(e) for e in skipped_head))
+        logger.warning("LoRA: the LM head %s is not adapted although %s match it: name it by its full path to adapt it",
+                       head_name, ", ".join(repr(e) for e in skipped_head))
     if not_linear:
         logger.info("LoRA: skipped %d matched modules that are not nn.Linear (e.g. %s); name their inner linear "
                     "layers, or exclude them with exclude_modules", len(not_linear), sorted(not_linear)[0])

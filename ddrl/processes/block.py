@@ -81,7 +81,11 @@ class BlockMaskedProcess(MaskedProcess):
         return t.view(batch_size, n)
 
     def token_times(self, t: Tensor, shape: torch.Size | tuple[int, int]) -> Tensor:
-        """Per-token times [B, L] from t [B], per-block t [B, num_blocks(L)] or per-token t [B, L]."""
+        """Per-token times [B, L] from t [B], per-block t [B, num_blocks(L)] or per-token t [B, L].
+
+        Per-block t indexes blocks of position // block_size over these L tokens, i.e. the layout
+        when they start at position 0; callers with a prompt (the RL ELBOs, pretraining) map their
+        blocks themselves (completion_blocks / block_ids) and pass per-token t."""
         B, L = shape
         n = self.num_blocks(L)
         if t.dim() == 2 and tuple(t.shape) == (B, n) and n != L:

@@ -527,9 +527,10 @@ def generate(model, prompt_ids: Tensor, attention_mask: Tensor | None = None, *,
 
     prompt_ids      [B, P] long, left-padded; attention_mask [B, P] (1 = real token) or None (none is
                     passed to the model). The model receives [B, P + gen_length] with ones on the completion.
-    steps           model calls in total, steps // (gen_length / block_length) per block; ignored when
-                    threshold or factor is set (each block then runs until it is full, at most
-                    block_length calls).
+    steps           steps // ceil(gen_length / block_length) model calls per block (the total on a
+                    full-attention model; on a block model whose prompt ends inside a block the
+                    completion spans one block more, each with as many calls); ignored when threshold
+                    or factor is set (each block then runs until it is full, at most block_length calls).
     threshold       None: LLaDA's fixed counts. In [0, 1]: Fast-dLLM threshold decoding.
     generator       required when temperature > 0 or remasking == "random".
     factor          Fast-dLLM's factor-based parallel decoding (module doc), > 0; excludes threshold.

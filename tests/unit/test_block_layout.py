@@ -81,3 +81,48 @@ def test_mean_field_scores_the_first_block_in_the_sampler_first_state():
     first = completion_blocks(batch.prompt_mask, 12, 4) == 0  # [B, L]
     step0 = out.trajectory.token_probs[:, 0].double().log()  # [B, L]
     torch.testing.assert_close(est.token_logp.double()[first], step0[first], atol=1e-5, rtol=0)
+
+
+class LayoutCheck(torch.nn.Module):
+    """Passes every call through and checks it: a call with a plain 2-D padding mask must give the
+    logits of the same call under the explicit block layout (block_attention), so an estimator
+    that leaves the layout to the model scores it in the sampler's layout."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner, self.calls = model, 0
+        self.mask_token_id, self.vocab_size, self.block_size = model.mask_token_id, model.vocab_size, model.block_size
+        self.process, self.eos_token_id, self.pad_token_id = model.process, model.eos_token_id, model.pad_token_id
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        out = self.inner(input_ids, attention_mask=attention_mask, **kwargs)
+        if attention_mask is not None and attention_mask.dim() == 2 and not kwargs:
+            valid = attention_mask.bool()
+            explicit = self.inner(input_ids, attention_mask=block_attention(valid, self.block_size),
+                                  position_ids=(valid.long().cumsum(1) - 1).clamp(min=0)).logits
+            torch.testing.assert_close(out.logits[valid], explicit[valid], atol=1e-5, rtol=0)  # padding is never read
+            self.calls += 1
+        return out
+
+
+@pytest.mark.parametrize("name", ["random_ratio", "coupled_elbo", "spg", "mean_field", "trace"])
+def test_every_estimator_scores_block_models_in_the_sampler_layout(name):
+    from ddrl.registry import ESTIMATORS
+
+    model = block_model()
+    _, batch = rollout(model)
+    checked = LayoutCheck(model)
+    with torch.no_grad():
+        ESTIMATORS.get(name)()(checked, batch, seed=0)
+    assert checked.calls > 0
+
+
+def test_a_block_size_that_contradicts_the_backbone_is_refused():
+    backbone = Denoiser(DenoiserConfig(vocab_size=V, d_model=32, n_layers=1, n_heads=2, block_size=None))
+    with pytest.raises(ValueError, match="contradicts the backbone"):
+        DiffusionLM(backbone, mask_token_id=MASK, vocab_size=V, block_size=4)
+    from ddrl.estimators.staircase import Staircase
+
+    _, batch = rollout(block_model())
+    with pytest.raises(ValueError, match="contradicts the block model"):
+        Staircase(block_size=8)(block_model(), batch, seed=0)

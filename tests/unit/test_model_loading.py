@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import logging
 from pathlib import Path
 
@@ -482,3 +483,14 @@ def test_official_checkpoint_loads_natively_trains_with_lora_and_round_trips(tmp
     wrapped = [n for n, _ in adapted.model.named_modules() if n.endswith(".lora_A.default")]
     head = "model.transformer.ff_out" if family in ("llada", "mmada") else "lm_head"
     assert len(wrapped) == 7 * len(adapted.model.get_base_model().layers) and not any(f".{head}." in n for n in wrapped)
+
+
+def test_a_tokenizer_that_needs_remote_code_names_the_option(tmp_path):
+    """A non-native directory whose tokenizer_config.json auto_map points at code (Dream's layout read
+    as a generic directory) fails naming model.trust_remote_code=true and the file it would run."""
+    from ddrl.models.hf_tokenizer import load_tokenizer
+
+    directory = tmp_path / "tok"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "dream" / "model", directory)
+    with pytest.raises(ModelDirectoryError, match=r"tokenization_dream\.py.*model\.trust_remote_code=true"):
+        load_tokenizer(directory, native=False)

@@ -84,6 +84,16 @@ def weight_files(directory: Path) -> list[Path]:
                               f"read safetensors weights (convert a pytorch_model.bin with safetensors first)")
 
 
+def weight_names(directory: Path) -> set[str]:
+    """The tensor names of the checkpoint, read from the safetensors headers only (no tensor data),
+    so a directory of the wrong family fails before gigabytes are read."""
+    names: set[str] = set()
+    for file in weight_files(directory):
+        with safe_open(str(file), framework="pt") as f:
+            names.update(f.keys())
+    return names
+
+
 def read_weights(directory: Path) -> dict[str, Tensor]:
     """Every tensor of the checkpoint, keyed by the authors' weight names."""
     state: dict[str, Tensor] = {}

@@ -51,6 +51,7 @@ from ddrl.models.native.base import (
     kept_positions,
     read_config,
     read_weights,
+    weight_names,
     rotate_half,
     run_layers,
     write_weights,
@@ -274,12 +275,13 @@ class DreamBackbone(QwenStyleBackbone):
             raise ModelDirectoryError(f"{str(path)!r} holds a {data.get('model_type')!r} model, not a Dream one "
                                       f"(config.json model_type {MODEL_TYPE!r}); pick the family that matches it")
         config = DreamConfig.from_dict(data, where=str(path / "config.json"))
-        state = read_weights(path)
         with torch.device("meta"):
             model = cls(config)
+        names = weight_names(path) - ({LM_HEAD} if config.tie_word_embeddings else set())
+        check_weight_names(path, "Dream", names, model.expected_weight_names())  # before any tensor is read
+        state = read_weights(path)
         if config.tie_word_embeddings:
             state.pop(LM_HEAD, None)  # some tied checkpoints store the head anyway; the embedding is the one used
-        check_weight_names(path, "Dream", set(state), model.expected_weight_names())
         try:
             model.load_state_dict(state, strict=False, assign=True)
         except RuntimeError as e:  # shapes that disagree with config.json

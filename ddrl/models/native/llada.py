@@ -74,6 +74,7 @@ from ddrl.models.native.base import (
     kept_positions,
     read_config,
     read_weights,
+    weight_names,
     rotate_half,
     run_layers,
     write_weights,
@@ -429,10 +430,11 @@ class LLaDABackbone(nn.Module):
         config = cls.config_class.from_dict(read_config(path), source=str(path / "config.json"))
         with torch.device("meta"):
             model = cls(config)
+        names = weight_names(path) - ({LM_HEAD} if config.weight_tying else set())
+        check_weight_names(path, cls.family, names, set(model.state_dict()))  # before any tensor is read
         state = read_weights(path)
         if config.weight_tying:
             state.pop(LM_HEAD, None)  # a tied checkpoint may list the head under both names
-        check_weight_names(path, cls.family, set(state), set(model.state_dict()))
         try:
             model.load_state_dict(state, strict=True, assign=True)
         except RuntimeError as e:  # shapes that disagree with config.json

@@ -56,6 +56,7 @@ from ddrl.models.native.base import (
     positions_from_mask,
     read_config,
     read_weights,
+    weight_names,
     rotate_half,
     write_weights,
 )
@@ -299,9 +300,9 @@ class SDARBackbone(QwenStyleBackbone):
         config = SDARConfig.from_dict(read_config(path), block_size=block_size)
         with torch.device("meta"):
             model = cls(config)
+        got = weight_names(path) - ({LM_HEAD} if config.tie_word_embeddings else set())
+        check_weight_names(path, MODEL_TYPE, got, model.official_weight_names())  # before any tensor is read
         state = read_weights(path)
-        got = set(state) - ({LM_HEAD} if config.tie_word_embeddings else set())
-        check_weight_names(path, MODEL_TYPE, got, model.official_weight_names())
         if config.tie_word_embeddings:
             state[LM_HEAD] = state["model.embed_tokens.weight"]
         if dtype is not None:
