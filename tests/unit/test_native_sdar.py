@@ -315,9 +315,10 @@ def test_sampler_reproduces_block_diffusion_generate(model, run, cache):
     (n_masked // spb, +1 in the first n_masked % spb steps) equal k_s; in the partial first block
     they equal k_s while it is filled when denoising_steps == B (one token per step; the recorded
     runs use that, or prompts that fill whole blocks), and ddrl's trailing steps there commit
-    nothing. For "sdar_dynamic" the lead's rule should take k_s from B (not from n_masked), clipped
-    to the masked count (commit_dynamic never commits an unmasked position; theirs would overwrite
-    prompt tokens, golden.json notes).
+    nothing. ddrl's "sdar_dynamic" rule takes k_s from B (not from n_masked), as theirs does, and
+    clips it to the masked count (commit_dynamic never commits an unmasked position; theirs would
+    overwrite prompt tokens, golden.json notes). Every recorded run ends on a block boundary
+    (P + L a multiple of B): past it SDAR decodes trailing masks that ddrl does not generate.
     """
     prompt = GOLDEN[f"prompt_{run['prompt']}"][None]
     got = ddrl_generate(model, prompt, torch.ones_like(prompt), run, cache)
