@@ -74,6 +74,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ddrl.logits import names_parameter
 from ddrl.processes.block import block_attention, position_ids_from_mask
 from ddrl.sampling.utils import completion_logits, guided_logits
 
@@ -224,6 +225,22 @@ def _call(model: Any, ids: Tensor, **kwargs: Any) -> Any:
     return model(ids, **{k: v for k, v in kwargs.items() if v is not None})
 
 
+def _call_keep(model: Any, ids: Tensor, keep: int | Tensor, **kwargs: Any) -> tuple[Any, Tensor]:
+    """_call that computes logits only at `keep` (the last K fed positions, or those positions;
+    ddrl.logits) when the model can, else slices: -> (output, logits [R, K, V]).
+
+    The block's logits are all a step reads: at LLaDA's V = 126k the head over the whole sequence
+    would be most of the call's memory."""
+    inner = getattr(model, "module", model)  # DDP
+    if names_parameter(inner, "logits_to_keep"):
+        out = _call(model, ids, logits_to_keep=keep, **kwargs)
+        return out, out.logits
+    out = _call(model, ids, **kwargs)
+    if isinstance(keep, Tensor):
+        return out, out.logits[:, keep]
+    return out, out.logits[:, out.logits.shape[1] - keep:]
+
+
 # --------------------------------------------------------------------------------------------
 # Strategies: begin_block(start, end), then block_logits(step, completion) per step, all B rows
 # --------------------------------------------------------------------------------------------
@@ -245,9 +262,8 @@ class FullForward:
         """completion [B, W] -> the (guided) logits of the block [B, end - start, V]."""
         rows_fed = completion.shape[0] * (2 if self.cfg_scale > 0 else 1)
         self.forward_tokens += rows_fed * (self.prompt_ids.shape[1] + completion.shape[1])
-        logits = completion_logits(self.model, self.prompt_ids, self.prompt_mask, completion,
-                                   cfg_scale=self.cfg_scale, mask_id=self.mask_id)  # [B, W, V]
-        return logits[:, self.start:self.end]
+        return completion_logits(self.model, self.prompt_ids, self.prompt_mask, completion, cfg_scale=self.cfg_scale,
+                                 mask_id=self.mask_id, window=(self.start, self.end))  # [B, W_block, V]
 
 
 class ApproxBlockCache:
@@ -292,7 +308,8 @@ class ApproxBlockCache:
         T = ids.shape[1]
         a = P + s - self.context  # first fed position of the later steps; the prefix is [0, a)
         if self.past_len is None:  # the block's first step: the whole sequence, keep its cache
-            out = _call(self.model, ids, attention_mask=valid, use_cache=True)
+            out, block = _call_keep(self.model, ids, torch.arange(P + s, P + e, device=ids.device),
+                                    attention_mask=valid, use_cache=True)
             self.cached_tokens += ids.numel()
             layers = cache_layers(getattr(out, "past_key_values", None))
             if layers is None:
@@ -305,17 +322,18 @@ class ApproxBlockCache:
                     self.kv.write(layers, a, a + T - (P + e), source=P + e)
                     self.past_len = a + T - (P + e)
                     self.order = torch.cat([valid[:, :a], valid[:, P + e:], valid[:, a:P + e]], dim=1)
-            return inp.guide(out.logits[:, P + s:P + e])
+            return inp.guide(block)
         past = as_model_cache(self.kv.view(self.past_len), self.like)
-        if not self.dual:  # the block and the suffix attend to the cached prefix
-            out = _call(self.model, ids[:, a:], attention_mask=valid, past_key_values=past, use_cache=False)
-            self.cached_tokens += ids[:, a:].numel()
-        else:  # only the block
-            out = _call(self.model, ids[:, a:P + e], attention_mask=self.order,
-                        position_ids=self.positions[:, a:P + e], past_key_values=past, use_cache=False)
-            self.cached_tokens += ids[:, a:P + e].numel()
         c = self.context
-        return inp.guide(out.logits[:, c:c + e - s])
+        if not self.dual:  # the block and the suffix attend to the cached prefix
+            _, block = _call_keep(self.model, ids[:, a:], torch.arange(c, c + e - s, device=ids.device),
+                                  attention_mask=valid, past_key_values=past, use_cache=False)
+            self.cached_tokens += ids[:, a:].numel()
+        else:  # only the block (after the context token): the last e - s fed positions
+            _, block = _call_keep(self.model, ids[:, a:P + e], e - s, attention_mask=self.order,
+                                  position_ids=self.positions[:, a:P + e], past_key_values=past, use_cache=False)
+            self.cached_tokens += ids[:, a:P + e].numel()
+        return inp.guide(block)
 
     def _give_up(self, why: str, start: int, end: int) -> None:
         _warn_once(self.model, why)
@@ -350,10 +368,11 @@ class BlockCausalForward:
 
     def block_logits(self, step: int, completion: Tensor) -> Tensor:
         ids = self.inputs.ids(completion)
-        out = self.model(ids, attention_mask=self.attend, position_ids=self.positions)
-        self.forward_tokens += ids.numel()
         P = self.inputs.P
-        return self.inputs.guide(out.logits[:, P + self.start:P + self.end])
+        _, block = _call_keep(self.model, ids, torch.arange(P + self.start, P + self.end, device=ids.device),
+                              attention_mask=self.attend, position_ids=self.positions)
+        self.forward_tokens += ids.numel()
+        return self.inputs.guide(block)
 
 
 class ExactBlockCache(BlockCausalForward):
@@ -382,8 +401,8 @@ class ExactBlockCache(BlockCausalForward):
         lo = self.cached if step == 0 else a  # first fed position
         past = None if lo == 0 else as_model_cache(self.kv.view(lo), self.like)
         want_cache = True if step == 0 else None  # None: not passed at all
-        out = _call(self.model, ids[:, lo:P + e], attention_mask=self.attend[:, lo:P + e, :P + e],
-                    position_ids=self.positions[:, lo:P + e], past_key_values=past, use_cache=want_cache)
+        out, block = _call_keep(self.model, ids[:, lo:P + e], e - s, attention_mask=self.attend[:, lo:P + e, :P + e],
+                                position_ids=self.positions[:, lo:P + e], past_key_values=past, use_cache=want_cache)
         self.forward_tokens += ids[:, lo:P + e].numel()
         if step == 0:
             layers = cache_layers(getattr(out, "past_key_values", None))
@@ -394,7 +413,7 @@ class ExactBlockCache(BlockCausalForward):
                 self.like = out.past_key_values
                 self.kv.write(layers, self.cached, a)  # the returned cache spans [0, P + e)
                 self.cached = a
-        return self.inputs.guide(out.logits[:, P + s - lo:P + e - lo])
+        return self.inputs.guide(block)  # the block is the last e - s fed positions
 
 
 def block_forward(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *, cache: str, block_length: int,

@@ -66,11 +66,12 @@ def guided_logits(cond: Tensor, uncond: Tensor, cfg_scale: float) -> Tensor:
 
 
 def completion_logits(model, prompt_ids: Tensor, prompt_mask: Tensor | None, completion: Tensor, *,
-                      cfg_scale: float, mask_id: int) -> Tensor:
+                      cfg_scale: float, mask_id: int, window: tuple[int, int] | None = None) -> Tensor:
     """One model call on [prompt, completion]; returns the logits of the completion positions [A, L, V].
 
     prompt_ids [A, P] (left-padded), prompt_mask [A, P] bool (True on real tokens) or None (no mask
-    is passed to the model, like the reference), completion [A, L].
+    is passed to the model, like the reference), completion [A, L]. window=(lo, hi): only the
+    completion positions [lo, hi) are computed and returned ([A, hi - lo, V], a sampler's block).
     With cfg_scale > 0 the conditional and unconditional inputs go through the model as one batch
     of 2A rows; the unconditional input has every real prompt token replaced by mask_id (padding is
     left as it is, the attention mask hides it).
@@ -78,7 +79,7 @@ def completion_logits(model, prompt_ids: Tensor, prompt_mask: Tensor | None, com
     Dream backbone's shifted logits itself (ddrl.models.diffusion_lm), so the last L positions are
     read here whatever `logits_shifted` says; reading them one position earlier again would shift twice.
     """
-    L = completion.shape[1]
+    P, L = prompt_ids.shape[1], completion.shape[1]
     x = torch.cat([prompt_ids, completion], dim=1)  # [A, T]
     attn = None
     if prompt_mask is not None:
@@ -88,7 +89,11 @@ def completion_logits(model, prompt_ids: Tensor, prompt_mask: Tensor | None, com
         uncond = torch.cat([prompt_ids.masked_fill(real, mask_id), completion], dim=1)
         x = torch.cat([x, uncond], dim=0)  # [2A, T]
         attn = None if attn is None else torch.cat([attn, attn], dim=0)
-    logits = kept_logits(model, x, attn, logits_to_keep=L)  # [A or 2A, L, V]: the LM head on the completion only
+    if window is None:  # [A or 2A, L, V]: the LM head on the completion only
+        logits = kept_logits(model, x, attn, logits_to_keep=L)
+    else:  # [A or 2A, hi - lo, V]: only completion positions [lo, hi) (a sampler's block)
+        lo, hi = window
+        logits = kept_logits(model, x, attn, logits_to_keep=torch.arange(P + lo, P + hi, device=x.device))
     if cfg_scale > 0:
         cond, uncond_logits = logits.chunk(2, dim=0)
         logits = guided_logits(cond, uncond_logits, cfg_scale)

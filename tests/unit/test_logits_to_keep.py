@@ -403,3 +403,27 @@ def test_lora_wrapped_backbone_still_keeps():
             kept = lm(ids, attention_mask=mask, logits_to_keep=torch.tensor([1, 8])).logits
     close(kept, full[:, [1, 8]])
     assert head.shapes == [(3, 2, 32)]
+
+
+@pytest.mark.parametrize("family,cache", [("llada", "none"), ("llada", "prefix"), ("llada", "dual"),
+                                          ("dream", "dual"), ("sdar", "none"), ("sdar", "auto")])
+def test_samplers_apply_the_lm_head_to_the_block_only(family, cache):
+    """Every sampler call computes logits for the current block's positions and nothing else, and
+    the tokens are those of the reference path (cache none on full attention, exact cache on SDAR)."""
+    model = ddrl.load_model(FIXTURES / family / "model").eval()
+    head = model.model.get_output_embeddings()
+    widths: list[int] = []
+    handle = head.register_forward_hook(lambda m, args, out: widths.append(args[0].shape[1]))
+    prompt = torch.tensor([model.tokenizer.encode_prompt("Say a")])
+    block = model.block_size or 4
+    kwargs = dict(steps=8, gen_length=8, block_length=block, temperature=0.0, mask_id=model.mask_token_id)
+    try:
+        with torch.no_grad():
+            out = ddrl.generate(model, prompt, None, cache=cache, **kwargs)
+    finally:
+        handle.remove()
+    assert widths and set(widths) <= {block}, widths  # the head never sees the prompt or other blocks
+    if cache in ("none", "auto"):
+        with torch.no_grad():
+            ref = ddrl.generate(model, prompt, None, cache="none", **kwargs)
+        assert torch.equal(out, ref)
