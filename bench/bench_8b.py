@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> dict:
     import ddrl.objectives  # noqa: F401
     import ddrl.sampling  # noqa: F401
     from ddrl.config import LoraConfig, SamplerConfig
-    from ddrl.data import completion_mask
+    from ddrl.data import completion_mask, model_stop_ids
     from ddrl.objectives import AggregationCounts, compute_advantages
     from ddrl.registry import ESTIMATORS, OBJECTIVES, SAMPLERS
     from ddrl.types import RolloutBatch
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> dict:
     rewards = torch.rand(B, generator=g).to(device)
     group_ids = torch.arange(n_prompts, device=device).repeat_interleave(G)
     batch = RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=out.completion_ids,
-                         completion_mask=completion_mask(out.completion_ids, model.eos_token_id), group_ids=group_ids,
+                         completion_mask=completion_mask(out.completion_ids, model_stop_ids(model)), group_ids=group_ids,
                          rewards=rewards, advantages=compute_advantages(rewards, group_ids, "mean"),
                          mask_seeds=torch.tensor([7]), completions=[""] * B, trajectory=None)
     counts = AggregationCounts(tokens=float(batch.completion_mask.sum()), sequences=float(B))

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ddrl.config import SamplerConfig  # noqa: E402
-from ddrl.data import decode_completions, encode_prompts  # noqa: E402
+from ddrl.data import decode_completions, model_stop_ids, encode_prompts  # noqa: E402
 from ddrl.registry import SAMPLERS  # noqa: E402
 
 
@@ -153,7 +153,7 @@ def bench_sudoku(args: argparse.Namespace) -> list[dict]:
     columns = {c: [ex[c] for ex in examples] for c in ("puzzle", "solution")}
     extra = {}
     for label, r in results.items():
-        texts = decode_completions(model.tokenizer, r["completions"])
+        texts = decode_completions(model.tokenizer, r["completions"], model_stop_ids(model))
         extra[label] = {"accuracy": sum(task.correct(texts, **columns)) / len(texts),
                         "cell_accuracy": statistics.mean(cells.reward(texts, **columns))}
     rows = table(results, len(examples) * L, extra)

@@ -180,7 +180,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from ddrl.data import decode_completions, encode_prompts
+    from ddrl.data import decode_completions, encode_prompts, model_stop_ids
     from ddrl.eval.runner import default_sampler
     from ddrl.models import load_model
     from ddrl.registry import SAMPLERS
@@ -203,7 +203,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     g = torch.Generator().manual_seed(args.seed)
     with torch.no_grad():
         out = SAMPLERS.get(cfg.name)(model, ids, mask, cfg, generator=g)
-    for text in decode_completions(model.tokenizer, out.completion_ids):
+    for text in decode_completions(model.tokenizer, out.completion_ids, model_stop_ids(model)):
         print(text)
     return 0
 

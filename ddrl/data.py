@@ -1,10 +1,16 @@
 """Text <-> token batches: left-padded prompts, EOS-terminated completions.
 
 Shared by pretraining, RL rollouts and evaluation, so that the three see prompts the same way.
+
+**Stop tokens.** A completion ends at its first *stop token*: the model's EOS, or another id
+that ends a turn (a chat checkpoint's <|im_end|>, listed in its generation_config.json; see
+DiffusionLM.stop_token_ids). `model_stop_ids(model)` is the one place that reads them; the
+samplers' early exit, the completion mask and the decoded text all go through it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -59,21 +65,55 @@ def encode_completions(tokenizer: Any, completions: list[str], gen_length: int,
     return out.to(device)
 
 
-def completion_mask(completion_ids: Tensor, eos_token_id: int | None) -> Tensor:
-    """[B, L] bool: True on tokens up to and including the first EOS (all True without EOS)."""
-    if eos_token_id is None:
+def as_stop_ids(ids: int | Iterable[int] | None) -> tuple[int, ...]:
+    """An id, a collection of ids or None -> a tuple of distinct ints, first occurrence first."""
+    if ids is None:
+        return ()
+    if isinstance(ids, Tensor):
+        ids = ids.reshape(-1).tolist()
+    elif not isinstance(ids, Iterable):
+        ids = [ids]
+    return tuple(dict.fromkeys(int(i) for i in ids))
+
+
+def model_stop_ids(model: Any) -> tuple[int, ...]:
+    """The ids that end a completion: model.stop_token_ids, else (model.eos_token_id,), else ()."""
+    ids = getattr(model, "stop_token_ids", None)
+    return as_stop_ids(ids if ids is not None else getattr(model, "eos_token_id", None))
+
+
+def is_stop(completion_ids: Tensor, stop_ids: int | Iterable[int] | None) -> Tensor:
+    """[B, L] long -> [B, L] bool: True where the token is one of stop_ids."""
+    ids = as_stop_ids(stop_ids)
+    if len(ids) == 1:
+        return completion_ids == ids[0]
+    return torch.isin(completion_ids, torch.tensor(ids, dtype=completion_ids.dtype, device=completion_ids.device))
+
+
+def completion_mask(completion_ids: Tensor, eos_token_id: int | Iterable[int] | None) -> Tensor:
+    """[B, L] bool: True on tokens up to and including the first stop token (all True without one).
+
+    eos_token_id: one id (the EOS) or several (model_stop_ids(model)); None or () = no stop token.
+    """
+    ids = as_stop_ids(eos_token_id)
+    if not ids:
         return torch.ones_like(completion_ids, dtype=torch.bool)
-    is_eos = completion_ids == eos_token_id
-    before_first = (is_eos.long().cumsum(1) - is_eos.long()) == 0  # no EOS strictly before
+    stop = is_stop(completion_ids, ids).long()  # [B, L]
+    before_first = (stop.cumsum(1) - stop) == 0  # no stop token strictly before
     return before_first
 
 
-def decode_completions(tokenizer: Any, completion_ids: Tensor) -> list[str]:
-    """Decode each row up to its first EOS, without special tokens."""
-    eos = getattr(tokenizer, "eos_token_id", None)
+def decode_completions(tokenizer: Any, completion_ids: Tensor,
+                       stop_token_ids: int | Iterable[int] | None = None) -> list[str]:
+    """Decode each row up to (not including) its first stop token, without special tokens.
+
+    stop_token_ids: the ids that end a completion (model_stop_ids(model)); None = the tokenizer's EOS.
+    """
+    ids = set(as_stop_ids(stop_token_ids if stop_token_ids is not None else getattr(tokenizer, "eos_token_id", None)))
     texts = []
     for row in completion_ids.tolist():
-        if eos is not None and eos in row:
-            row = row[: row.index(eos)]
+        first = next((j for j, token in enumerate(row) if token in ids), None)
+        if first is not None:
+            row = row[:first]
         texts.append(tokenizer.decode(row, skip_special_tokens=True))
     return texts

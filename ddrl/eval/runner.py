@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ddrl.config import SamplerConfig, validate_sampler
-from ddrl.data import decode_completions, encode_prompts
+from ddrl.data import decode_completions, encode_prompts, model_stop_ids
 from ddrl.registry import SAMPLERS
 
 
@@ -92,7 +92,7 @@ def evaluate(model: Any, task: Any, n: int = 200, *, sampler: SamplerConfig | di
         g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + lo)
         out = sample_fn(model, prompt_ids, prompt_mask, sampler, generator=g)
         nfe += out.nfe
-        texts = decode_completions(model.tokenizer, out.completion_ids)
+        texts = decode_completions(model.tokenizer, out.completion_ids, model_stop_ids(model))
         columns = {c: [ex.get(c) for ex in chunk for _ in range(k)] for c in chunk[0] if c != "prompt"}
         rewards = task.reward(texts, **columns)
         correct = task.correct(texts, **columns)

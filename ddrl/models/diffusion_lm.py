@@ -34,11 +34,12 @@ import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
 
+from ddrl.data import as_stop_ids
 from ddrl.logits import LogitsToKeep, kept_index, keeps_some, names_parameter
 from ddrl.models.backbone import base_model
 from ddrl.models.io import CONFIG_FILE, atomic_directory, check_model_dir, read_json, write_json
@@ -53,8 +54,8 @@ SUPPRESSED_LOGIT = -1e4
 
 # The keys of config.json's "ddrl" section that are constructor arguments restored on load. The
 # section also records block_size, which is not one of them: it is the backbone config's.
-_SAVED_FIELDS = ("mask_token_id", "pad_token_id", "eos_token_id", "bos_token_id", "vocab_size", "logits_shifted",
-                 "process_spec", "family", "suppress_mask_logit")
+_SAVED_FIELDS = ("mask_token_id", "pad_token_id", "eos_token_id", "bos_token_id", "stop_token_ids", "vocab_size",
+                 "logits_shifted", "process_spec", "family", "suppress_mask_logit")
 
 
 def make_process_spec(process: str, *, mask_token_id: int | None = None, schedule: str | None = None,
@@ -101,6 +102,8 @@ class DiffusionLM(nn.Module):
 
     model:               the backbone (kept as `self.model`, so LoRA/FSDP can wrap it).
     tokenizer:           SymbolTokenizer or a Hugging Face tokenizer; its special ids are the defaults.
+    stop_token_ids:      ids besides eos_token_id that end a completion (a chat checkpoint's end of
+                         turn, e.g. <|im_end|>); `self.stop_token_ids` is (eos_token_id, *these).
     mask_token_id:       the absorbing-state id; must be < vocab_size.
     vocab_size:          logits width; default: the backbone's config.vocab_size, else the tokenizer's.
     logits_shifted:      True for AR-initialised models (Dream) whose position i predicts token i + 1.
@@ -116,7 +119,8 @@ class DiffusionLM(nn.Module):
 
     def __init__(self, model: nn.Module, tokenizer: Any = None, *, mask_token_id: int | None = None,
                  pad_token_id: int | None = None, eos_token_id: int | None = None, bos_token_id: int | None = None,
-                 vocab_size: int | None = None, logits_shifted: bool = False, block_size: int | None = None,
+                 stop_token_ids: Iterable[int] | None = None, vocab_size: int | None = None,
+                 logits_shifted: bool = False, block_size: int | None = None,
                  process_spec: dict[str, Any] | None = None, family: str = "ddrl", suppress_mask_logit: bool = False):
         super().__init__()
         self.model = model
@@ -126,6 +130,7 @@ class DiffusionLM(nn.Module):
         self.pad_token_id = pad_token_id if pad_token_id is not None else from_tok("pad_token_id")
         self.eos_token_id = eos_token_id if eos_token_id is not None else from_tok("eos_token_id")
         self.bos_token_id = bos_token_id if bos_token_id is not None else from_tok("bos_token_id")
+        self.stop_token_ids = stop_token_ids
         backbone_config = getattr(model, "config", None)
         if vocab_size is None:
             vocab_size = getattr(backbone_config, "vocab_size", None)
@@ -167,6 +172,20 @@ class DiffusionLM(nn.Module):
         self._check_process_spec()
         self._process: Any = None
         self._process_key: str | None = None
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """The ids that end a completion: eos_token_id first, then the extra ones; () without any.
+
+        The samplers' early exit, the completion mask and the decoded text read these
+        (ddrl.data.model_stop_ids). Setting it keeps eos_token_id first whatever the order given.
+        """
+        eos = () if self.eos_token_id is None else (int(self.eos_token_id),)
+        return as_stop_ids(eos + self._extra_stop_ids)
+
+    @stop_token_ids.setter
+    def stop_token_ids(self, ids: Iterable[int] | None) -> None:
+        self._extra_stop_ids = as_stop_ids(ids)
 
     @property
     def process_spec(self) -> dict[str, Any]:
@@ -276,6 +295,7 @@ class DiffusionLM(nn.Module):
     def ddrl_config(self) -> dict[str, Any]:
         """The "ddrl" section of config.json: everything the constructor needs besides backbone and tokenizer."""
         saved = {name: getattr(self, name) for name in _SAVED_FIELDS}
+        saved["stop_token_ids"] = list(self.stop_token_ids)  # JSON has no tuples
         saved["process_spec"] = {k: v for k, v in self.process_spec.items() if k != "block_size"}  # derived
         saved["block_size"] = self.block_size  # a record, read only where the checkpoint's config names none
         return saved

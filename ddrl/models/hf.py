@@ -27,6 +27,11 @@ config.json (ddrl.models.families, which holds the table of family facts) and de
   attention_mask can be fed unpadded rows by writing "ddrl": {"attention": "unpadded"} into its
   config.json (ddrl.models.feeds).
 
+**Stop tokens**: `model.stop_token_ids` is eos_token_id (the tokenizer's) followed by the ids of
+generation_config.json's eos_token_id, when the directory has one: a chat checkpoint's turn ends
+with <|im_end|> (SDAR/TraDo), which config.json's EOS is not. A ddrl-saved directory restores its
+own list ("ddrl" section).
+
 The mask id is, in order: the mask_token_id argument (ModelConfig.mask_token_id), a value saved
 by ddrl ("ddrl" section of config.json), config.json's own mask_token_id, the family's id, the
 tokenizer's mask token (a uniform process falls back to the pad id). An id outside the
@@ -53,6 +58,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ddrl.data import as_stop_ids
 from ddrl.models.backbone import base_model, checkpoint_blocks, logits_width, transformer_blocks
 from ddrl.logits import LogitsToKeep
 from ddrl.models.diffusion_lm import (SUPPRESSED_LOGIT, DiffusionLM, DiffusionLMOutput,
@@ -234,9 +240,30 @@ def load_hf_model(path: str | Path, *, device: torch.device | str | None = None,
     for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
         if saved.get(name) is not None:
             kwargs[name] = saved[name]
+    # eos_token_id (the tokenizer's) comes first; the constructor puts it there
+    kwargs["stop_token_ids"] = saved["stop_token_ids"] if "stop_token_ids" in saved else _generation_stop_ids(directory)
     model = HFDiffusionLM(backbone, tokenizer, **kwargs)
     model = load_saved_adapter(model, directory)
     return model.to(device=device) if device is not None else model
+
+
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+
+def _generation_stop_ids(directory: Path) -> tuple[int, ...]:
+    """generation_config.json's eos_token_id (an int or a list) -> the ids that end a turn; () without one.
+
+    A chat checkpoint ends its turns with a token that is not config.json's EOS: SDAR/TraDo list
+    [<|im_end|>, <|endoftext|>] there, while config.json and the tokenizer name only <|endoftext|>."""
+    path = directory / GENERATION_CONFIG_FILE
+    if not path.is_file():
+        return ()
+    value = read_json(path).get("eos_token_id")
+    ids = value if isinstance(value, list) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids if i is not None):
+        raise ModelDirectoryError(f"{str(path)!r} has eos_token_id={value!r}; it must be a token id or a list of "
+                                  f"them (fix the file, or delete eos_token_id from it)")
+    return as_stop_ids(i for i in ids if i is not None)
 
 
 def _tokenizer_range(facts: FamilyFacts, tokenizer: Any, vocab_size: int) -> tuple[int, int] | None:

@@ -56,9 +56,10 @@ more. Steps per block = steps / ceil(gen_length / block_length). The sampler pas
 attention mask explicitly, for every row whatever its prompt length.
 
 **Early exit** (registry samplers, rollout.early_exit): after a block is finished, a row whose
-completion so far contains model.eos_token_id has its remaining blocks filled with EOS and takes
-no further part in decoding; the loop stops when every row is done. Tokens up to a row's first EOS
-are the ones it would get without early exit (same noise, see (b)). Within a block, a row whose
+completion so far contains a stop token (model.stop_token_ids: the EOS, or a chat checkpoint's
+end of turn such as <|im_end|>) has its remaining blocks filled with EOS and takes no further part
+in decoding; the loop stops when every row is done. Tokens up to a row's first stop token are the
+ones it would get without early exit (same noise, see (b)). Within a block, a row whose
 block has no mask left sits out the block's remaining steps (threshold decoding finishes rows at
 different steps); its tokens cannot change.
 **Static shapes**: a finished row or one sitting a step out stays in the batch. Every model call
@@ -90,12 +91,14 @@ price is compute on rows whose results are thrown away (forward_tokens counts ev
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
 
+from ddrl.data import as_stop_ids, is_stop, model_stop_ids
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput
 from ddrl.sampling.cache import CACHE_MODES, block_forward
@@ -338,8 +341,13 @@ class _Settings:
 
 @torch.no_grad()
 def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule, settings: _Settings, *,
-             gen_length: int, block_length: int, eos_id: int | None, record: bool, cache: str = "none") -> _Decoded:
-    """Blocks left to right; inside a block, steps until `rule` says the block is done."""
+             gen_length: int, block_length: int, eos_id: int | Iterable[int] | None, record: bool,
+             cache: str = "none") -> _Decoded:
+    """Blocks left to right; inside a block, steps until `rule` says the block is done.
+
+    eos_id: the stop token(s) of early exit, EOS first (the id finished rows are filled with); None = none.
+    """
+    stop_ids = as_stop_ids(eos_id)
     B, device = prompt_ids.shape[0], prompt_ids.device
     offsets = block_offsets(model, prompt_ids, prompt_mask)  # [B] or None (full attention / aligned prompts)
     width = gen_length + (0 if offsets is None else int(offsets.max()))  # completion slots W
@@ -355,7 +363,7 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule, settin
     nfe = 0
     for start in range(0, width, block_length):
         end = min(start + block_length, width)
-        if not bool(running.any()):  # early exit: every row has its EOS
+        if not bool(running.any()):  # early exit: every row has its stop token
             break
         rule.begin_block(_still_masked(completion, empty, start, end, settings.mask_id))
         forward.begin_block(start, end)
@@ -378,9 +386,9 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule, settin
             nfe, step = nfe + 1, step + 1
         if recorder is not None:
             recorder.close_block(every, start, first_step, completion[:, start:end])
-        if eos_id is not None:
-            done = ((completion[:, :end] == eos_id) & ~empty[:, :end]).any(dim=1)  # [B]
-            completion[done, end:] = eos_id
+        if stop_ids:
+            done = (is_stop(completion[:, :end], stop_ids) & ~empty[:, :end]).any(dim=1)  # [B]
+            completion[done, end:] = stop_ids[0]
             running = ~done
     trajectory = recorder.trajectory(commit_step, nfe) if recorder is not None else None
     if offsets is not None:  # back to each row's own gen_length tokens
@@ -606,7 +614,7 @@ def _sample_semi_ar(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: 
     _check_cache(cfg.cache, "rollout.cache")
     _check_generator(generator, cfg.temperature > 0 or cfg.remasking == "random",
                      "rollout.temperature > 0 or rollout.remasking=random")
-    eos_id = getattr(model, "eos_token_id", None) if cfg.early_exit else None
+    eos_id = model_stop_ids(model) if cfg.early_exit else None
     out = _denoise(model, prompt_ids, None if prompt_mask is None else prompt_mask.bool(), rule,
                    _Settings(cfg.temperature, cfg.cfg_scale, cfg.remasking, mask_id, generator,
                              getattr(cfg, "top_k", None) or 0, getattr(cfg, "top_p", None) or 1.0),
@@ -622,7 +630,7 @@ def sample_masked(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Sa
     """LLaDA semi-AR sampling (threshold decoding when cfg.threshold is set), completion only [B, L].
 
     block_length None = gen_length (one block); mask id = model.mask_token_id; early exit on
-    model.eos_token_id when cfg.early_exit.
+    model.stop_token_ids when cfg.early_exit.
     """
     block_length = cfg.block_length or cfg.gen_length
     return _sample_semi_ar(model, prompt_ids, prompt_mask, cfg, block_length, generator, return_trajectory)
@@ -669,7 +677,7 @@ def sample_emerge(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Sa
     steps_per_block = _check_steps(cfg.steps, cfg.gen_length, block_length)
     _check_generator(generator, cfg.temperature > 0 or steps_per_block > 1,
                      "the emerge sampler draws which tokens appear (steps per block > 1) or rollout.temperature > 0")
-    eos_id = getattr(model, "eos_token_id", None) if cfg.early_exit else None
+    eos_id = model_stop_ids(model) if cfg.early_exit else None
     rule = _EmergeRule(steps_per_block, emerge_mask_fraction(model))
     out = _denoise(model, prompt_ids, None if prompt_mask is None else prompt_mask.bool(), rule,
                    _Settings(cfg.temperature, cfg.cfg_scale, "low_confidence", mask_id, generator),

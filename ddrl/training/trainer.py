@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ddrl.config import RLConfig, SamplerConfig, load_config, save_config, task_kwargs
-from ddrl.data import completion_mask, decode_completions, encode_prompts
+from ddrl.data import completion_mask, decode_completions, encode_prompts, model_stop_ids
 from ddrl.registry import ESTIMATORS, OBJECTIVES, SAMPLERS
 from ddrl.training import checkpoint as ckpt
 from ddrl.training.common import (build_optimizer, build_scheduler, check_writable, derive_seed,
@@ -213,13 +213,14 @@ class Trainer:
         self.model.train()
         out = SampleOutput(completion_ids=torch.cat([o.completion_ids for o in outs]), nfe=sum(o.nfe for o in outs),
                            trajectory=concat_trajectories([o.trajectory for o in outs]))
-        completions = decode_completions(self.model.tokenizer, out.completion_ids)
+        stop_ids = model_stop_ids(self.model)  # EOS and any end-of-turn id (a chat checkpoint's <|im_end|>)
+        completions = decode_completions(self.model.tokenizer, out.completion_ids, stop_ids)
         K = t.num_iterations
         seeds = torch.tensor([derive_seed(self.cfg.seed, "mask", step, k) % 2**62 for k in range(K)])
         B = len(prompts)
         batch = RolloutBatch(
             prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=out.completion_ids,
-            completion_mask=completion_mask(out.completion_ids, self.model.eos_token_id),
+            completion_mask=completion_mask(out.completion_ids, stop_ids),
             group_ids=torch.arange(per_rank, device=self.device).repeat_interleave(G),
             rewards=torch.zeros(B, device=self.device), advantages=torch.zeros(B, device=self.device),
             mask_seeds=seeds, completions=completions, trajectory=out.trajectory,
