@@ -466,8 +466,7 @@ def test_official_checkpoint_loads_natively_trains_with_lora_and_round_trips(tmp
     from ddrl.models.lora import apply_lora
 
     directory = FIXTURES / family / "model"
-    if not (directory / "config.json").is_file():
-        pytest.skip(f"no {family} fixture")
+    assert (directory / "config.json").is_file(), f"no {family} fixture; run tests/fixtures/make_{family}.py"
     model = load_model(directory, require_tokenizer=True).eval()
     assert model.family == family and model.attention == "native" and model.tokenizer is not None
     assert type(model.model).__module__.startswith("ddrl.models.native.")

@@ -31,8 +31,8 @@ ENDOFTEXT, IM_END = 101, 103  # the SDAR fixture's <|endoftext|> (EOS) and <|im_
 
 
 def _needs(directory: Path) -> None:
-    if not (directory / "config.json").is_file():
-        pytest.skip(f"no fixture at {directory}")
+    # The fixtures are committed data: a missing one is a failure, never a skip.
+    assert (directory / "config.json").is_file(), f"no fixture at {directory}; run tests/fixtures/make_<family>.py"
 
 
 @pytest.fixture(scope="module")
