@@ -15,6 +15,7 @@ processes and samplers import it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -68,8 +69,16 @@ def kept_logits(model: Any, input_ids: Tensor, attention_mask: Tensor | None = N
 
 
 def names_parameter(module: Any, name: str) -> bool:
+    """Whether module.forward (or the callable itself) takes `name`. Asked on every sampler step, so
+    the answer is cached per forward function (inspect.signature costs about as much as a tiny
+    model's layer)."""
     forward = getattr(module, "forward", module)
+    return _takes(getattr(forward, "__func__", forward), name)
+
+
+@functools.lru_cache(maxsize=256)
+def _takes(function: Any, name: str) -> bool:
     try:
-        return name in inspect.signature(forward).parameters
+        return name in inspect.signature(function).parameters
     except (TypeError, ValueError):  # a builtin or C callable without a signature
         return False
