@@ -23,7 +23,7 @@ EPILOG = "Configs live in configs/ (pretrain/, rl/, paper/). Any config key can 
 
 def _sampler_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampler overrides (default: greedy, sized to the task)")
-    g.add_argument("--sampler", dest="name", help="masked | emerge | uniform | block | dream")
+    g.add_argument("--sampler", dest="name", help="masked | emerge | uniform | block | dream | diffusion_gemma")
     g.add_argument("--steps", type=int, help="model calls in total")
     g.add_argument("--gen-length", dest="gen_length", type=int, help="completion tokens")
     g.add_argument("--block-length", dest="block_length", type=int, help="semi-autoregressive block length")

@@ -18,7 +18,8 @@ ddrl-saved config.json) in FEEDS, once, when it is built:
               block diffusion model: [prompt, completion] is split into the encoder's prompt and
               the decoder's canvas of the last canvas_length tokens; prompt positions get logits
               0. Rollouts need gen_length == canvas_length; no self-conditioning logits are passed
-              (zeros, as at its own first denoising step). No KV cache.
+              (zeros, as at its own first denoising step) unless the caller gives them
+              (self_conditioning_logits=, as ddrl.sampling.diffusion_gemma does). No KV cache.
 """
 
 from __future__ import annotations
@@ -80,8 +81,14 @@ def _unpadded(lm: Any, input_ids: Tensor, attention_mask: Tensor | None, **kwarg
     return FeedOutput(logits)
 
 
-def _canvas(lm: Any, input_ids: Tensor, attention_mask: Tensor | None, **kwargs: Any) -> Any:
-    """DiffusionGemma: encoder over the prefix, decoder over the last canvas_length tokens."""
+def _canvas(lm: Any, input_ids: Tensor, attention_mask: Tensor | None, *,
+            self_conditioning_logits: Tensor | None = None, **kwargs: Any) -> Any:
+    """DiffusionGemma: encoder over the prefix, decoder over the last canvas_length tokens.
+
+    self_conditioning_logits [B, C, V]: the previous denoising step's (temperature-scaled) canvas
+    logits, which the decoder embeds as softmax(logits) @ E (ddrl.sampling.diffusion_gemma passes
+    them); None = zeros, as at the model's first denoising step.
+    """
     C = int(lm.canvas_length)
     B, T = input_ids.shape
     if T <= C:
@@ -91,12 +98,16 @@ def _canvas(lm: Any, input_ids: Tensor, attention_mask: Tensor | None, **kwargs:
         raise ValueError(f"DiffusionGemma takes a 2-D padding mask [B, T], got shape {tuple(attention_mask.shape)}")
     if kwargs:
         raise ValueError(f"DiffusionGemma computes its own positions; do not pass {sorted(kwargs)}")
+    if self_conditioning_logits is not None and tuple(self_conditioning_logits.shape[:2]) != (B, C):
+        raise ValueError(f"self_conditioning_logits must be [B, canvas_length, V] = [{B}, {C}, V], got "
+                         f"{list(self_conditioning_logits.shape)}")
     valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     prompt_valid = valid[:, :-C]  # [B, P]
     n_real = prompt_valid.sum(1, keepdim=True)  # [B, 1]
     out = lm.model(
         input_ids=input_ids[:, :-C], attention_mask=prompt_valid, position_ids=positions_from_mask(prompt_valid),
         decoder_input_ids=input_ids[:, -C:], decoder_attention_mask=valid,
+        self_conditioning_logits=self_conditioning_logits,
         decoder_position_ids=n_real + torch.arange(C, device=input_ids.device))
     canvas_logits = out.logits  # [B, C, V]
     prompt_logits = canvas_logits.new_zeros(B, T - C, canvas_logits.shape[-1])
