@@ -219,12 +219,29 @@ def read_config(directory: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-class QwenStyleBackbone(nn.Module):
+class LayerCheckpointing:
+    """Per-layer activation checkpointing switched the Hugging Face way (a mixin of every native
+    backbone; forward passes `checkpointing=self.checkpointing_now` to run_layers)."""
+
+    supports_gradient_checkpointing = True
+    gradient_checkpointing = False
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Recompute each layer's activations in backward (non-reentrant torch.utils.checkpoint)."""
+        self.gradient_checkpointing = True
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.gradient_checkpointing = False
+
+    @property
+    def checkpointing_now(self) -> bool:
+        return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+
+
+class QwenStyleBackbone(LayerCheckpointing, nn.Module):
     """The layout Dream (Qwen2) and SDAR (Qwen3) checkpoints share: `model.{embed_tokens, layers,
     norm}` and `lm_head` (tied to the embedding when config.tie_word_embeddings). A subclass builds
     `trunk` (the `model.` module) and defines forward."""
-
-    supports_gradient_checkpointing = True
 
     def __init__(self, config: Any, trunk: nn.Module):
         super().__init__()
@@ -233,7 +250,6 @@ class QwenStyleBackbone(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.gradient_checkpointing = False
 
     @property
     def layers(self) -> nn.ModuleList:
@@ -246,16 +262,6 @@ class QwenStyleBackbone(nn.Module):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
-        """Recompute each layer's activations in backward (Hugging Face's signature)."""
-        self.gradient_checkpointing = True
-
-    def gradient_checkpointing_disable(self) -> None:
-        self.gradient_checkpointing = False
-
-    @property
-    def checkpointing_now(self) -> bool:
-        return self.gradient_checkpointing and self.training and torch.is_grad_enabled()
 
 
 # --------------------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ from torch import Tensor, nn
 
 from ddrl.models.io import ModelDirectoryError
 from ddrl.models.native.base import (
+    LayerCheckpointing,
     BackboneOutput,
     KVCache,
     NATIVE_FAMILIES,
@@ -345,12 +346,11 @@ class _Transformer(nn.Module):
 
 
 @NATIVE_FAMILIES.register("llada")
-class LLaDABackbone(nn.Module):
+class LLaDABackbone(LayerCheckpointing, nn.Module):
     """input_ids [B, T] -> BackboneOutput(logits [B, T, embedding_size], past_key_values, hidden_states)."""
 
     family: ClassVar[str] = "llada"
     config_class: ClassVar[type[LLaDAConfig]] = LLaDAConfig
-    supports_gradient_checkpointing = True
 
     def __init__(self, config: LLaDAConfig):
         super().__init__()
@@ -358,7 +358,6 @@ class LLaDABackbone(nn.Module):
         self.model = _Transformer(config)
         self.rotary = Rotary(config)
         self.emb_drop = nn.Dropout(config.embedding_dropout) if config.embedding_dropout > 0 else nn.Identity()
-        self.gradient_checkpointing = False
 
     @property
     def layers(self) -> nn.ModuleList:
@@ -378,13 +377,6 @@ class LLaDABackbone(nn.Module):
         t = self.model.transformer
         logits = F.linear(hidden, t["wte"].weight) if self.config.weight_tying else t["ff_out"](hidden)
         return logits * (1 / math.sqrt(self.config.d_model)) if self.config.scale_logits else logits
-
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
-        """Recompute each block's activations in backward (torch.utils.checkpoint, non-reentrant)."""
-        self.gradient_checkpointing = True
-
-    def gradient_checkpointing_disable(self) -> None:
-        self.gradient_checkpointing = False
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVCache | None = None, use_cache: bool = False,
@@ -415,7 +407,7 @@ class LLaDABackbone(nn.Module):
         cos, sin = self.rotary.at(positions)  # [B, 1, T, Dh]
         x, cache = run_layers(self.layers, x, self.rotary, cos, sin, mask, past_key_values=past_key_values,
                               use_cache=use_cache,
-                              checkpointing=self.gradient_checkpointing and self.training and torch.is_grad_enabled())
+                              checkpointing=self.checkpointing_now)
         hidden = self.model.transformer["ln_f"](x)  # [B, T, D]
         return BackboneOutput(logits=self.lm_head(kept_positions(hidden, logits_to_keep)), past_key_values=cache,
                               hidden_states=hidden)
