@@ -101,9 +101,12 @@ class MethodConfig:
     estimator: str | None = None  # likelihood estimator; None = the objective's default
     advantage: str | None = None  # mean | zscore | loo ; None = the objective's default
     advantage_clip: float | None = None  # clip advantages to +-this (UDM-GRPO: 5)
+    advantage_std: str | None = None  # zscore's std: sample | population ; None = as the method's authors do
+    invalid_reward: str = "drop"  # a None/NaN reward: drop (out of its group, no loss) | zero (reward 0: d1, wd1)
     objective_args: dict[str, Any] = field(default_factory=dict)  # e.g. {epsilon: 0.2, beta: 0.01}
     estimator_args: dict[str, Any] = field(default_factory=dict)  # e.g. {num_mc: 2, p_mask_prompt: 0.15}
     fresh_masks: bool | None = None  # new mask seed for every pass (StableDRL); None = objective's default
+    reuse_masks: bool | None = None  # every inner iteration reuses iteration 0's masks (DiPOD); None = default
     ratio_noise: float = 0.0  # stress mode: std of Gaussian noise added to log-ratios ("exploding weights")
     elbo_reg: float = 0.0  # DiPOD on-policy ELBO regulariser weight lambda (0 = off)
 
@@ -116,6 +119,10 @@ class TrainConfig:
     group_size: int = 8  # G, completions per prompt
     num_iterations: int = 1  # mu, inner updates on the same rollouts
     micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None = all
+    minibatches: int = 1  # optimizer steps per inner iteration, each on a disjoint share of the groups (PPO
+    # minibatches; TraceRL); old log-probs stay those of the rollout policy
+    disable_dropout: bool = True  # dropout off in every RL pass, so old, ref and current passes compute the
+    # same function and the ratio is exactly 1 at k = 0; false = dropout on in all of them (d1, TRL)
     skip_uninformative: bool = True  # leave groups whose advantages are all 0 out of the old/ref/update passes
     # when the method's loss has no term without A (beta = 0, no ELBO regulariser): same expected
     # gradient, far less compute when most groups are all-right or all-wrong (one process only)
@@ -438,6 +445,11 @@ def validate(cfg: Any) -> None:
             _choice(m.estimator, ESTIMATORS.names(), "method.estimator")
         if m.advantage is not None:
             _choice(m.advantage, ("mean", "zscore", "loo"), "method.advantage")
+        if m.advantage_std is not None:
+            _choice(m.advantage_std, ("sample", "population"), "method.advantage_std")
+        _choice(m.invalid_reward, ("drop", "zero"), "method.invalid_reward")
+        if m.fresh_masks and m.reuse_masks:
+            raise ConfigError("method.fresh_masks and method.reuse_masks exclude each other; set one to false")
         _check_args(OBJECTIVES.get(m.objective), m.objective_args, "method.objective_args")
         est_name = m.estimator or getattr(OBJECTIVES.get(m.objective), "default_estimator", None)
         if est_name is not None:
@@ -445,10 +457,13 @@ def validate(cfg: Any) -> None:
         t = cfg.train
         if t.group_size < 2:
             raise ConfigError(f"train.group_size must be >= 2 for group advantages, got {t.group_size}")
-        for name in ("steps", "prompts_per_step", "num_iterations"):
+        for name in ("steps", "prompts_per_step", "num_iterations", "minibatches"):
             if getattr(t, name) <= 0:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
         _choice(t.lr_schedule, ("constant", "cosine", "linear"), "train.lr_schedule")
+        if t.prompts_per_step % t.minibatches:
+            raise ConfigError(f"train.minibatches={t.minibatches} must divide train.prompts_per_step="
+                              f"{t.prompts_per_step}: each optimizer step takes whole prompt groups")
         if t.prompt_pool is not None and t.prompt_pool < 1:
             raise ConfigError(f"train.prompt_pool must be >= 1 (or null for new prompts every step), got {t.prompt_pool}")
         _choice(cfg.eval.split, ("test", "train"), "eval.split")

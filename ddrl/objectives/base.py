@@ -46,15 +46,26 @@ class Objective:
     needs_old: ClassVar[bool] = False  # uses the behaviour policy's estimate
     needs_trajectory: ClassVar[bool] = False  # the sampler must record batch.trajectory
     fresh_masks: ClassVar[bool] = False  # a new estimator-mask seed for every pass (StableDRL)
+    reuse_masks: ClassVar[bool] = False  # every inner iteration reuses iteration 0's masks (DiPOD as released)
     on_policy: ClassVar[bool] = False  # one update per rollout; old = sg(current) by construction
     # Every loss term except the KL is multiplied by the row's advantage, so a group whose advantages
     # are all 0 contributes no gradient when beta = 0 (the trainer may then skip it).
     advantage_weighted: ClassVar[bool] = False
 
     @property
+    def kl_weight(self) -> float:
+        """β of the method's KL term, 0 when it has none. Objectives with a KL declare a float field
+        `beta`; this is the one place that reads it, so the trainer never guesses."""
+        return float(getattr(self, "beta", 0.0))
+
+    @property
     def needs_ref(self) -> bool:
         """Uses the reference model's estimate: exactly when the method has a KL weight beta > 0."""
-        return float(getattr(self, "beta", 0.0)) > 0
+        return self.kl_weight > 0
+
+    def prepare(self, batch: RolloutBatch) -> None:
+        """Per-rollout inputs the loss reads from batch.extras, computed once on the whole step batch
+        before it is cut into micro-batches (DACA's token weights). Default: nothing."""
 
     def __post_init__(self) -> None:
         # YAML 1.1 reads 4e-4 as a string; objective_args arrive untyped, so numbers are fixed here.

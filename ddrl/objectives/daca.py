@@ -2,10 +2,10 @@
 
 Paper: Karimi Monsefi et al., "Denoising-Aware Credit Assignment for Diffusion LLM RL", arXiv
 2605.16342. No code was released and the full text was not available: the implementation below is
-INFERRED from the abstract (ALGORITHMS.md §8) and is a plausible reading, not the authors' method.
+INFERRED from the abstract and is a plausible reading, not the authors' method (docs/methods.md).
 
-    w_{b,i} = DPS weights from the rollout trajectory (batch.extras["dps_weights"], [B, L]; computed by
-              the trainer with ddrl.estimators.dps.denoising_progress_scores; ones if absent)
+    w_{b,i} = DPS weights from the rollout trajectory (ddrl.estimators.dps; kind and floor are fields),
+              computed once per step by `prepare` into batch.extras["dps_weights"] [B, L]
     log π(x^i) := stratified masking likelihood (`stratified`: K strata, each token scored with ~(1-1/K)L context)
     ℓ_i = -min(ρ_i A, clip(ρ_i, 1±ε) A)·w_i + β·k3(π_ref, π_θ)_i,   token mean (d1's base loss)
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ddrl.estimators.dps import DPS_KINDS
 from ddrl.objectives.grpo import GRPO
 from ddrl.registry import OBJECTIVES
 
@@ -32,3 +33,12 @@ class DACAGRPO(GRPO):
     default_estimator: ClassVar[str] = "stratified"
 
     token_weights: bool = True  # weight each token's surrogate by its Denoising Progress Score
+    dps_kind: str = "progress"  # progress | uncertainty (ddrl.estimators.dps)
+    dps_floor: float = 0.1  # uniform share mixed into the weights so every token stays trainable
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dps_kind not in DPS_KINDS:
+            raise ValueError(f"daca_grpo: dps_kind={self.dps_kind!r}; valid: {', '.join(DPS_KINDS)}")
+        if not 0.0 <= self.dps_floor <= 1.0:
+            raise ValueError(f"daca_grpo: dps_floor={self.dps_floor} must be in [0, 1]")

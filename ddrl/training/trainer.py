@@ -6,8 +6,11 @@ Each step, in named and timed phases:
     reward     the task's reward; None/NaN rewards are excluded from their group
     advantage  group advantages (mean / z-score / leave-one-out, optional clip)
     old, ref   likelihood proxies without grad, only when the objective declares it needs them
-    update     mu inner iterations on the same rollouts, each: estimate -> objective -> backward
-               (micro-batches of whole groups) -> clip -> optimizer step
+    update     mu inner iterations on the same rollouts, each over `minibatches` shares of the groups,
+               each share: estimate -> loss -> backward (micro-batches of whole groups) -> clip -> step
+
+What the method needs (old / reference passes, trajectories, advantages, mask seeds) is read from
+one typed `Method` (ddrl.training.method), built once from the config.
 
 Every random draw derives from (seed, step, ...) so a resumed run replays the draws of an
 uninterrupted one. Mask seeds live on the batch: old, ref and current passes of inner iteration k
@@ -28,7 +31,7 @@ from tqdm.auto import tqdm
 
 from ddrl.config import RLConfig, SamplerConfig, load_config, save_config, task_kwargs
 from ddrl.data import completion_mask, decode_completions, encode_prompts, model_stop_ids
-from ddrl.registry import ESTIMATORS, OBJECTIVES, SAMPLERS
+from ddrl.registry import SAMPLERS
 from ddrl.training import checkpoint as ckpt
 from ddrl.training.common import (build_optimizer, build_scheduler, check_writable, derive_seed,
                                   make_generator, pick_device)
@@ -36,6 +39,7 @@ from ddrl.training.distributed import (DistInfo, GatheredModel, ModelHandle, all
                                        gathered_parameters, init_distributed, load_full_state, reduce_mean_dict,
                                        resolve_strategy, wrap_model)
 from ddrl.training.logging import MetricsLogger, plot_reward_curve
+from ddrl.training.method import Method, build_method
 from ddrl.sampling.base import SampleOutput
 from ddrl.types import EstimatorOutput, RolloutBatch, Trajectory
 
@@ -61,7 +65,8 @@ class Trainer:
                              f"processes ({self.dist.world_size}) so that every rank holds whole groups")
         self.run_dir = check_writable(cfg.output_dir)
         self.task = get_task(cfg.task.name, **task_kwargs(cfg.task))
-        self.objective, self.estimator = build_method(cfg)
+        self.method: Method = build_method(cfg)
+        self.objective, self.estimator = self.method.objective, self.method.estimator
         self.model = self._load_model()
         self.max_prompt = (self.model.max_seq_len - cfg.rollout.gen_length
                            if getattr(self.model, "max_seq_len", None) else None)
@@ -69,13 +74,14 @@ class Trainer:
         self._pool_complete = False  # the task had fewer examples than asked: wrap around
         if not self.example(0):
             raise ValueError(f"task {self.task.name!r} returned no training examples; check task.args")
-        self.ref_model = self._make_reference() if self.objective.needs_ref else None
+        self.ref_model = self._make_reference() if self.method.needs_ref else None
         strategy = resolve_strategy(cfg.dist.strategy, self.dist)
         self.wrapped = wrap_model(self.model, strategy, self.device)
         self.policy = ModelHandle(self.wrapped, self.model)
         self.opt = build_optimizer(self.model.parameters(), t.lr, t.weight_decay, tuple(t.betas))
         self.sched = build_scheduler(self.opt, schedule=t.lr_schedule, warmup_steps=t.warmup_steps,
-                                     total_steps=t.steps * t.num_iterations, min_lr_ratio=t.min_lr_ratio)
+                                     total_steps=t.steps * t.num_iterations * t.minibatches,
+                                     min_lr_ratio=t.min_lr_ratio)
         self.step = 0
         self.bad_steps = 0
         self.eval_history: list[dict[str, Any]] = []
@@ -85,8 +91,7 @@ class Trainer:
                                     enabled=self.dist.is_main, resume=cfg.resume and self.step > 0)
         self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
                          if cfg.model.bf16_autocast else contextlib.nullcontext())
-        self.needs_trajectory = (self.objective.needs_trajectory or self.estimator.needs_trajectory
-                                 or getattr(self.objective, "token_weights", False))
+        self.needs_trajectory = self.method.needs_trajectory
         if self.dist.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
             r = cfg.rollout
@@ -113,6 +118,8 @@ class Trainer:
             model = apply_lora(model, lora, seed=self.cfg.seed)
         if self.cfg.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()
+        if self.cfg.train.disable_dropout:
+            disable_dropout(model)
         return model.to(self.device).train()
 
     def _make_reference(self) -> Any:
@@ -171,14 +178,15 @@ class Trainer:
             self.score(batch)
         with clock("advantage"):
             self.advantages(batch)
-        counts = self.global_counts(batch)  # the loss normalisers always count the whole step
-        learn = self.informative_groups(batch)
+        shares = self.minibatch_shares(batch)  # one per optimizer step of an inner iteration
+        counts = [self.global_counts(share) for share in shares]  # normalisers count each whole share
+        learn = [self.informative_groups(share) for share in shares]
         old, ref = self.behaviour_passes(learn, step, clock)
         with clock("update"):
             stats = self.update(learn, old, ref, step, counts)
         timings["step"] = sum(timings.values())
         metrics = self._rollout_metrics(batch)
-        metrics["update/rows_frac"] = len(learn) / max(len(batch), 1)
+        metrics["update/rows_frac"] = sum(len(share) for share in learn) / max(len(batch), 1)
         metrics.update(stats)
         metrics.update({f"time/{k}": v for k, v in timings.items()})
         return reduce_mean_dict(metrics, self.dist, self.device)
@@ -236,7 +244,9 @@ class Trainer:
         rewards = self.task.reward(batch.completions, **columns)
         values = [float("nan") if r is None else float(r) for r in rewards]
         batch.rewards = torch.tensor(values, dtype=torch.float32, device=self.device)
-        batch.rewards[~torch.isfinite(batch.rewards)] = float("nan")  # excluded from the group, not propagated
+        invalid = ~torch.isfinite(batch.rewards)
+        # "drop": excluded from the group, no loss; "zero": a reward of 0 like any other (d1, wd1)
+        batch.rewards[invalid] = 0.0 if self.method.advantage.invalid == "zero" else float("nan")
         parts = getattr(self.task, "reward_parts", None) or getattr(getattr(self.task, "reward", None), "last_parts", None)
         if isinstance(parts, dict):
             batch.extras["reward_parts"] = {k: _nanmean(v) for k, v in parts.items()}
@@ -244,35 +254,31 @@ class Trainer:
     def advantages(self, batch: RolloutBatch) -> None:
         from ddrl.objectives import compute_advantages
 
-        m = self.cfg.method
-        kind = m.advantage or self.objective.default_advantage
-        clip = m.advantage_clip if m.advantage_clip is not None else getattr(self.objective, "default_advantage_clip", None)
-        std = getattr(self.objective, "default_advantage_std", "sample")
-        batch.advantages = compute_advantages(batch.rewards, batch.group_ids, kind, std=std, clip=clip)
-        if getattr(self.objective, "token_weights", False) and batch.trajectory is not None:
-            from ddrl.estimators.dps import denoising_progress_scores
-
-            batch.extras["dps_weights"] = denoising_progress_scores(batch.trajectory, batch.completion_mask)
+        a = self.method.advantage
+        batch.advantages = compute_advantages(batch.rewards, batch.group_ids, a.kind, std=a.std, clip=a.clip)
+        self.method.prepare(batch)  # per-rollout inputs of the loss (DACA's token weights)
 
     @torch.no_grad()
-    def behaviour_passes(self, batch: RolloutBatch, step: int, clock: "_Clock") -> tuple[list, list]:
-        """old[k][j] / ref[k][j]: proxies of micro-batch j for inner iteration k, without grad."""
-        K = self.cfg.train.num_iterations
-        needs_old = self.objective.needs_old and not getattr(self.objective, "on_policy", False)
-        old: list[list[EstimatorOutput | None]] = [[None] * len(self.micro_batches(batch)) for _ in range(K)]
-        ref = [list(row) for row in old]
-        if needs_old and not (K == 1 and not self.fresh_masks):  # mu=1 with shared masks: old = sg(current)
+    def behaviour_passes(self, shares: list[RolloutBatch], step: int, clock: "_Clock") -> tuple[list, list]:
+        """old[k][m][j] / ref[k][m][j]: proxies of micro-batch j of minibatch m for inner iteration k,
+        without grad. They run in the mode the current pass runs in (train), so that with dropout
+        disabled (the default) the ratio is exactly 1 before the first update, and with dropout on
+        every pass samples its own dropout masks, as d1 and TRL do."""
+        t = self.cfg.train
+        K = t.num_iterations
+        old: list[list[list[EstimatorOutput | None]]] = [
+            [[None] * len(self.micro_batches(share)) for share in shares] for _ in range(K)]
+        ref = [[list(micro) for micro in row] for row in old]
+        # One update on the rollout with shared masks: old = sg(current), no pass needed.
+        single_update = K == 1 and t.minibatches == 1 and not self.method.fresh_masks
+        if self.method.needs_old and not single_update:
             with clock("old"), self.autocast:
-                self.model.eval()
-                for k in range(K):
-                    for j, mb in enumerate(self.micro_batches(batch, k)):
-                        old[k][j] = self.estimator(self.policy, mb, self._seed(batch, step, k, "old")).detach()
-                self.model.train()
-        if self.objective.needs_ref:
+                for k, m, j, mb in self._passes(shares):
+                    old[k][m][j] = self.estimator(self.policy, mb, self._seed(mb, step, k, "old")).detach()
+        if self.method.needs_ref:
             with clock("ref"), self.autocast, self.reference() as ref_model:
-                for k in range(K):
-                    for j, mb in enumerate(self.micro_batches(batch, k)):
-                        ref[k][j] = self.estimator(ref_model, mb, self._seed(batch, step, k, "ref")).detach()
+                for k, m, j, mb in self._passes(shares):
+                    ref[k][m][j] = self.estimator(ref_model, mb, self._seed(mb, step, k, "ref")).detach()
         return old, ref
 
     def global_counts(self, batch: RolloutBatch) -> "AggregationCounts":
@@ -294,9 +300,7 @@ class Trainer:
         masks depend on its place in the batch). At least one group is kept: a step whose gradient
         is zero still steps the optimizer, as it would have on the full batch. One process only:
         with DDP every rank must run the same number of backward passes."""
-        obj = self.objective
-        if (not self.cfg.train.skip_uninformative or self.dist.world_size > 1
-                or not getattr(obj, "advantage_weighted", False) or float(getattr(obj, "beta", 0.0)) != 0.0):
+        if not self.cfg.train.skip_uninformative or self.dist.world_size > 1 or not self.method.skip_safe:
             return batch
         groups = batch.group_ids
         n_groups = int(groups.max()) + 1
@@ -308,36 +312,43 @@ class Trainer:
             return batch
         return batch.index(keep.nonzero().squeeze(1))
 
-    def update(self, batch: RolloutBatch, old: list, ref: list, step: int, counts: "AggregationCounts") -> dict[str, Any]:
+    def update(self, shares: list[RolloutBatch], old: list, ref: list, step: int,
+               counts: list["AggregationCounts"]) -> dict[str, Any]:
+        """mu inner iterations; in each, one optimizer step per minibatch share, its loss normalised
+        by that share's global counts (a share is the whole step when train.minibatches = 1)."""
         t = self.cfg.train
+        n_updates = t.num_iterations * len(shares)
         sums: dict[str, float] = {}
         for k in range(t.num_iterations):
-            self.opt.zero_grad(set_to_none=True)
-            total = 0.0
-            for j, mb in enumerate(self.micro_batches(batch, k)):
-                with self.autocast:
-                    new = self.estimator(self.policy, mb, self._seed(batch, step, k, "cur"))
-                    o = old[k][j] if old[k][j] is not None else (new.detach() if self.objective.needs_old else None)
-                    out = self.objective(mb, new, o, ref[k][j], counts=counts)
-                (out.loss * self.dist.world_size).backward()  # DDP averages; we want the global sum
-                total += out.loss.detach().item()
-                for name, v in out.stats.items():
-                    sums[name] = sums.get(name, 0.0) + float(v) / (t.num_iterations * len(self.micro_batches(batch)))
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.max_grad_norm or float("inf"))
-            if not (math.isfinite(total) and torch.isfinite(grad_norm)):
+            for m, share in enumerate(shares):
                 self.opt.zero_grad(set_to_none=True)
-                self.bad_steps += 1
-                sums["nonfinite_steps"] = sums.get("nonfinite_steps", 0.0) + 1
-                if self.bad_steps >= t.max_bad_steps:
-                    raise NonFiniteError(
-                        f"{self.bad_steps} optimizer steps in a row had a non-finite loss or gradient (step {step}); "
-                        f"lower train.lr, raise method.estimator_args.num_mc, or lower train.max_grad_norm")
-                continue
-            self.bad_steps = 0
-            self.opt.step()
-            self.sched.step()
-            sums["loss"] = sums.get("loss", 0.0) + total / t.num_iterations
-            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm.item() / t.num_iterations
+                total = 0.0
+                micro = self.micro_batches(share, k)
+                for j, mb in enumerate(micro):
+                    with self.autocast:
+                        new = self.estimator(self.policy, mb, self._seed(mb, step, k, "cur"))
+                        o = old[k][m][j] if old[k][m][j] is not None else (
+                            new.detach() if self.objective.needs_old else None)
+                        out = self.method.loss(mb, new, o, ref[k][m][j], counts[m])
+                    (out.loss * self.dist.world_size).backward()  # DDP averages; we want the global sum
+                    total += out.loss.detach().item()
+                    for name, v in out.stats.items():
+                        sums[name] = sums.get(name, 0.0) + float(v) / (n_updates * len(micro))
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.max_grad_norm or float("inf"))
+                if not (math.isfinite(total) and torch.isfinite(grad_norm)):
+                    self.opt.zero_grad(set_to_none=True)
+                    self.bad_steps += 1
+                    sums["nonfinite_steps"] = sums.get("nonfinite_steps", 0.0) + 1
+                    if self.bad_steps >= t.max_bad_steps:
+                        raise NonFiniteError(
+                            f"{self.bad_steps} optimizer steps in a row had a non-finite loss or gradient (step {step}); "
+                            f"lower train.lr, raise method.estimator_args.num_mc, or lower train.max_grad_norm")
+                    continue
+                self.bad_steps = 0
+                self.opt.step()
+                self.sched.step()
+                sums["loss"] = sums.get("loss", 0.0) + total / n_updates
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm.item() / n_updates
         sums["lr"] = self.sched.get_last_lr()[0]
         return sums
 
@@ -359,16 +370,29 @@ class Trainer:
         return self.pool[index % len(self.pool)]
 
 
-    @property
-    def fresh_masks(self) -> bool:
-        m = self.cfg.method.fresh_masks
-        return bool(self.objective.fresh_masks if m is None else m)
-
     def _seed(self, batch: RolloutBatch, step: int, k: int, role: str) -> int:
-        """Shared masks: the batch's seed k for old/ref/current. Fresh masks: a new seed per pass role."""
-        if self.fresh_masks:
+        """Shared masks: the batch's seed for iteration k (iteration 0's when the method reuses masks)
+        for old/ref/current. Fresh masks: a new seed per pass role."""
+        if self.method.fresh_masks:
             return derive_seed(self.cfg.seed, "fresh", step, k, role, self.dist.rank) % 2**62
-        return int(batch.mask_seeds[k])
+        return int(batch.mask_seeds[self.method.mask_seed_iteration(k)])
+
+    def minibatch_shares(self, batch: RolloutBatch) -> list[RolloutBatch]:
+        """train.minibatches consecutive shares of whole groups, one optimizer step each."""
+        n = self.cfg.train.minibatches
+        if n == 1:
+            return [batch]
+        groups = int(batch.group_ids.max()) + 1
+        bounds = [round(i * groups / n) for i in range(n + 1)]
+        G = self.cfg.train.group_size
+        return [batch.index(slice(lo * G, hi * G)) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+
+    def _passes(self, shares: list[RolloutBatch]) -> Iterator[tuple[int, int, int, RolloutBatch]]:
+        """(k, m, j, micro-batch) of every inner iteration k, share m and micro-batch j."""
+        for k in range(self.cfg.train.num_iterations):
+            for m, share in enumerate(shares):
+                for j, mb in enumerate(self.micro_batches(share, k)):
+                    yield k, m, j, mb
 
     def micro_batches(self, batch: RolloutBatch, k: int = 0) -> list[RolloutBatch]:
         """Slices of whole groups (group-level normalisations need the full group)."""
@@ -447,25 +471,21 @@ class Trainer:
         self.eval_history = list(state.get("eval_history", []))
 
 
-def build_method(cfg: RLConfig) -> tuple[Any, Any]:
-    """Objective and estimator from the config: one line (`objective=espo`) picks both."""
-    m = cfg.method
-    objective = OBJECTIVES.get(m.objective)(**m.objective_args)
-    if m.ratio_noise:
-        if not hasattr(objective, "ratio_noise_std"):
-            raise ValueError(f"method.ratio_noise is set but objective {m.objective!r} has no ratio; "
-                             f"use it with stable_drl, espo or grpo")
-        objective.ratio_noise_std = m.ratio_noise
-    if m.elbo_reg:
-        from ddrl.objectives import with_elbo_regulariser
+# Attention layers apply dropout functionally (scaled_dot_product_attention's dropout_p) from a float
+# attribute; these are the names the native families and the built-in Denoiser use.
+_FUNCTIONAL_DROPOUT = ("attention_dropout", "dropout", "attn_dropout")
 
-        objective = with_elbo_regulariser(objective, m.elbo_reg)
-    est_name = m.estimator or objective.default_estimator
-    est_args = {**getattr(objective, "default_estimator_args", {}), **m.estimator_args}
-    if m.estimator and m.estimator != objective.default_estimator:
-        est_args = dict(m.estimator_args)  # a different estimator does not inherit the default's args
-    estimator = ESTIMATORS.get(est_name)(**est_args)
-    return objective, estimator
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """p = 0 in every dropout layer (LoRA's included) and every functional attention dropout, so the
+    RL passes compute a deterministic function. Eval mode would do it too, but it would also switch
+    off per-layer activation checkpointing, which keys on `training`."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        for name in _FUNCTIONAL_DROPOUT:
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
 
 
 class _Clock:

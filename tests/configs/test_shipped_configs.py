@@ -27,9 +27,9 @@ def test_rl_config_loads_and_builds_its_method(path):
     from ddrl.training.trainer import build_method
 
     cfg = load_config(path, cls=RLConfig)
-    objective, estimator = build_method(cfg)
-    assert type(objective) is OBJECTIVES.get(cfg.method.objective) or cfg.method.elbo_reg
-    assert type(estimator) in dict(ESTIMATORS.items()).values()
+    method = build_method(cfg)
+    assert type(method.objective) is OBJECTIVES.get(cfg.method.objective)
+    assert type(method.estimator) in dict(ESTIMATORS.items()).values()
 
 
 def test_every_objective_has_a_tiny_cpu_config():

@@ -69,7 +69,8 @@ def test_nonfinite_steps_are_skipped_then_stop(tiny_sudoku_model, tmp_path, monk
     real_build = trainer_mod.build_method
 
     def nan_method(cfg):
-        objective, estimator = real_build(cfg)
+        method = real_build(cfg)
+        objective = method.objective
         real_call = objective.__call__
 
         class NaNObjective(type(objective)):
@@ -80,7 +81,7 @@ def test_nonfinite_steps_are_skipped_then_stop(tiny_sudoku_model, tmp_path, monk
                 return out
 
         objective.__class__ = NaNObjective
-        return objective, estimator
+        return method
 
     monkeypatch.setattr(trainer_mod, "build_method", nan_method)
     before = _weights(tiny_sudoku_model)

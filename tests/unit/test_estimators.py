@@ -17,7 +17,7 @@ from torch import nn
 
 from ddrl import registry
 from ddrl.estimators import (UDM, CoupledELBO, CoupledThreePass, FPOElbo, MaskGRPO, MeanField, RandomRatio, SPGBounds,
-                             Staircase, Stratified, Trace, denoising_progress_scores)
+                             Staircase, Stratified, Trace)
 from ddrl.estimators.maskgrpo import maskgrpo_ratio
 from ddrl.estimators.trace import merged_steps
 from ddrl.registry import ESTIMATORS
@@ -410,25 +410,6 @@ def test_stratified_covers_every_real_position_exactly_once(model):
     lp = torch.stack([direct_logp(model, batch.prompt_ids, batch.prompt_mask, completion_in[k], completion_ids)
                       for k in range(3)])
     torch.testing.assert_close(out.token_logp, (lp * (masked & completion_mask)).sum(0))
-
-
-def test_dps_weights_average_one_and_progress_by_hand():
-    token_probs = torch.tensor([[[0.1, 0.2, 0.3], [0.5, 0.9, float("nan")], [0.4, 0.9, 0.3], [0.9, 0.9, 0.3]]])
-    commit = torch.tensor([[3, 1, 0]])
-    traj = Trajectory(commit_step=commit, token_probs=token_probs)
-    cm = torch.tensor([[True, True, True]])
-    w = denoising_progress_scores(traj, cm, "progress", floor=0.0)
-    dps = torch.tensor([0.4 + 0.0 + 0.5, 0.7, 0.0])  # gains up to the commit step; NaN read as 0
-    torch.testing.assert_close(w, (dps * 3 / dps.sum())[None])
-    g = torch.Generator().manual_seed(0)
-    traj = Trajectory(commit_step=torch.randint(-1, 6, (4, 9), generator=g),
-                      token_probs=torch.rand(4, 6, 9, generator=g))
-    cm = torch.arange(9)[None] < torch.tensor([[9], [5], [1], [7]])
-    for kind in ("progress", "uncertainty"):
-        w = denoising_progress_scores(traj, cm, kind)
-        valid = cm & (traj.commit_step >= 0)
-        torch.testing.assert_close(w.sum(1), valid.sum(1).float())
-        assert (w[~valid] == 0).all() and (w[valid] > 0).all()
 
 
 # ----------------------------------------------------------------------------------------------- MaskGRPO

@@ -1,0 +1,134 @@
+"""The method contract: everything the trainer needs to know about an RL method, built once.
+
+`build_method(cfg)` turns the config's `method` section into one typed `Method`. The trainer reads
+only this object; it never asks the objective or the estimator for optional attributes, so what a
+method needs is stated in one place and checked at start-up:
+
+    method = build_method(cfg)
+    method.needs_old / needs_ref / needs_trajectory    which passes and records the step computes
+    method.advantage                                    kind, std, clip, invalid-reward policy
+    method.skip_safe                                    all-zero-advantage groups carry no gradient
+    method.mask_seed_iteration(k)                       which inner iteration's masks iteration k uses
+    method.prepare(batch)                               per-rollout inputs (DACA's token weights)
+    method.loss(mb, new, old, ref, counts)              objective + DiPOD's ELBO regulariser
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ddrl.config import RLConfig
+from ddrl.objectives.base import Objective
+from ddrl.registry import ESTIMATORS, OBJECTIVES
+from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
+
+INVALID_REWARDS = ("drop", "zero")
+
+
+@dataclass(frozen=True)
+class AdvantageSpec:
+    """How rewards become advantages (ddrl.objectives.advantages)."""
+
+    kind: str  # mean | zscore | loo
+    std: str  # zscore's std: sample | population
+    clip: float | None  # clamp to ±clip afterwards (UDM-GRPO: 5)
+    invalid: str  # a None/NaN reward: "drop" (left out of its group, no loss) or "zero" (reward 0; d1, wd1)
+
+
+@dataclass
+class Method:
+    """One RL method: its objective, estimator and the trainer-facing facts derived from both."""
+
+    objective: Objective
+    estimator: Any  # an ESTIMATORS instance: estimator(model, batch, seed) -> EstimatorOutput
+    advantage: AdvantageSpec
+    elbo_reg: float = 0.0  # DiPOD's on-policy ELBO regulariser weight λ added to the loss (0 = off)
+    fresh_masks: bool = False  # a new estimator-mask seed for every pass (StableDRL)
+    reuse_masks: bool = False  # every inner iteration uses iteration 0's masks (DiPOD as released)
+
+    def __post_init__(self) -> None:
+        if self.fresh_masks and self.reuse_masks:
+            raise ValueError("method.fresh_masks and method.reuse_masks exclude each other: fresh masks draw new "
+                             "masks for every pass, reused masks keep iteration 0's; set one of them to false")
+
+    @property
+    def name(self) -> str:
+        return self.objective.name
+
+    @property
+    def needs_old(self) -> bool:
+        """The loss reads the behaviour policy (an old pass is computed unless it equals sg(current))."""
+        return self.objective.needs_old and not self.objective.on_policy
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.objective.needs_ref
+
+    @property
+    def needs_trajectory(self) -> bool:
+        return bool(self.objective.needs_trajectory or self.estimator.needs_trajectory)
+
+    @property
+    def skip_safe(self) -> bool:
+        """Every loss term is multiplied by the row's advantage: a group whose advantages are all 0
+        carries no gradient and may be left out of the update."""
+        return self.objective.advantage_weighted and self.objective.kl_weight == 0.0 and self.elbo_reg == 0.0
+
+    def mask_seed_iteration(self, k: int) -> int:
+        """The inner iteration whose mask seed iteration k uses."""
+        return 0 if self.reuse_masks else k
+
+    def prepare(self, batch: RolloutBatch) -> None:
+        self.objective.prepare(batch)
+
+    def loss(self, batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutput | None,
+             ref: EstimatorOutput | None, counts) -> LossOutput:
+        from ddrl.objectives.dipod import add_elbo_regulariser
+
+        out = self.objective(batch, new, old, ref, counts=counts)
+        return add_elbo_regulariser(out, batch, new, self.elbo_reg, counts)
+
+    def describe(self) -> str:
+        reg = f" + λ·mean(-ELBO), λ = {self.elbo_reg:g}" if self.elbo_reg else ""
+        return f"{self.objective.formula}{reg}"
+
+
+def build_method(cfg: RLConfig) -> Method:
+    """The method of a config: one line (`objective=espo`) picks objective, estimator and advantages."""
+    m = cfg.method
+    cls = OBJECTIVES.get(m.objective)
+    args = dict(m.objective_args)
+    if m.ratio_noise:
+        if "ratio_noise_std" not in {f.name for f in dataclasses.fields(cls)}:
+            raise ValueError(f"method.ratio_noise is set but objective {m.objective!r} has no ratio to perturb; "
+                             f"use it with stable_drl, espo, fpo or a token-level objective such as grpo")
+        args["ratio_noise_std"] = m.ratio_noise
+    elbo_reg = m.elbo_reg
+    if "elbo_reg" in {f.name for f in dataclasses.fields(cls)}:
+        # DiPOD's loss is FPO's plus this regulariser, so λ is its own field and it adds the term
+        # itself (the same add_elbo_regulariser); method.elbo_reg, when set, is that field.
+        if elbo_reg and "elbo_reg" in args and float(args["elbo_reg"]) != elbo_reg:
+            raise ValueError(f"method.elbo_reg={elbo_reg} and method.objective_args.elbo_reg={args['elbo_reg']} "
+                             f"disagree; set only one of them")
+        if elbo_reg:
+            args["elbo_reg"] = elbo_reg
+        elbo_reg = 0.0
+    objective = cls(**args)
+    est_name = m.estimator or objective.default_estimator
+    est_args = {**objective.default_estimator_args, **m.estimator_args}
+    if m.estimator and m.estimator != objective.default_estimator:
+        est_args = dict(m.estimator_args)  # a different estimator does not inherit the default's args
+    estimator = ESTIMATORS.get(est_name)(**est_args)
+    if m.invalid_reward not in INVALID_REWARDS:
+        raise ValueError(f"method.invalid_reward={m.invalid_reward!r}; valid: {', '.join(INVALID_REWARDS)}")
+    advantage = AdvantageSpec(
+        kind=m.advantage or objective.default_advantage,
+        std=m.advantage_std or objective.default_advantage_std,
+        clip=m.advantage_clip if m.advantage_clip is not None else objective.default_advantage_clip,
+        invalid=m.invalid_reward,
+    )
+    fresh = objective.fresh_masks if m.fresh_masks is None else m.fresh_masks
+    reuse = objective.reuse_masks if m.reuse_masks is None else m.reuse_masks
+    return Method(objective, estimator, advantage, elbo_reg=elbo_reg, fresh_masks=bool(fresh), reuse_masks=bool(reuse))

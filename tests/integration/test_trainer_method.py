@@ -1,0 +1,118 @@
+"""The trainer follows the typed Method: minibatch optimizer steps, reused or shared mask seeds,
+the invalid-reward policy, dropout off in every RL pass, and no attribute guessing."""
+
+from __future__ import annotations
+
+import torch
+
+from ddrl.config import RLConfig, load_config
+from ddrl.training.method import build_method
+from ddrl.training.trainer import Trainer
+from tests.integration.conftest import ROOT, rl_overrides
+
+
+def _trainer(tiny_sudoku_model, tmp_path, method: str, *extra: str) -> Trainer:
+    cfg = load_config(ROOT / f"configs/rl/{method}_mini_sudoku.yaml",
+                      rl_overrides(tiny_sudoku_model, tmp_path) + ["eval.before=false", *extra], RLConfig)
+    return Trainer(cfg)
+
+
+def _spy_steps_and_counts(trainer: Trainer) -> tuple[list[int], list[float]]:
+    steps, rows = [], []
+    real_step, real_loss = trainer.sched.step, trainer.method.loss
+
+    def step(*a, **kw):
+        steps.append(1)
+        return real_step(*a, **kw)
+
+    def loss(mb, new, old, ref, counts):
+        rows.append(counts.sequences)
+        return real_loss(mb, new, old, ref, counts)
+
+    trainer.sched.step, trainer.method.loss = step, loss  # one scheduler step per optimizer step
+    return steps, rows
+
+
+def test_minibatches_take_one_optimizer_step_per_share(tiny_sudoku_model, tmp_path):
+    # 2 prompts x 4 completions, 2 inner iterations, 2 minibatches: 4 optimizer steps, each loss
+    # normalised by its own share (4 rows), and an old pass because old != current after a step.
+    trainer = _trainer(tiny_sudoku_model, tmp_path, "grpo", "train.num_iterations=2", "train.minibatches=2",
+                       "train.skip_uninformative=false")
+    steps, rows = _spy_steps_and_counts(trainer)
+    seen_old = []
+    real_est = trainer.estimator
+
+    def estimator(model, mb, seed):
+        out = real_est(model, mb, seed)
+        seen_old.append(not torch.is_grad_enabled())
+        return out
+
+    trainer.estimator = estimator
+    trainer.train_step(1)
+    assert len(steps) == 4
+    assert rows == [4.0, 4.0, 4.0, 4.0]
+    assert any(seen_old), "minibatch steps need the behaviour policy's log-probs"
+
+
+def test_one_update_needs_no_old_pass(tiny_sudoku_model, tmp_path):
+    trainer = _trainer(tiny_sudoku_model, tmp_path, "grpo", "train.num_iterations=1", "train.skip_uninformative=false")
+    steps, rows = _spy_steps_and_counts(trainer)
+    trainer.train_step(1)
+    assert len(steps) == 1 and rows == [8.0]
+
+
+def _seeds_per_iteration(trainer: Trainer) -> list[int]:
+    seeds = []
+    real_est = trainer.estimator
+
+    def estimator(model, mb, seed):
+        if torch.is_grad_enabled():
+            seeds.append(seed)
+        return real_est(model, mb, seed)
+
+    trainer.estimator = estimator
+    trainer.train_step(1)
+    return seeds
+
+
+def test_reused_masks_give_every_iteration_the_first_seed(tiny_sudoku_model, tmp_path):
+    shared = _seeds_per_iteration(_trainer(tiny_sudoku_model, tmp_path / "a", "fpo", "train.num_iterations=2",
+                                           "method.reuse_masks=false", "train.skip_uninformative=false"))
+    reused = _seeds_per_iteration(_trainer(tiny_sudoku_model, tmp_path / "b", "fpo", "train.num_iterations=2",
+                                           "method.reuse_masks=true", "train.skip_uninformative=false"))
+    assert len(shared) == len(reused) == 2
+    assert shared[0] != shared[1] and reused[0] == reused[1] == shared[0]
+
+
+def test_invalid_rewards_dropped_or_zero(tiny_sudoku_model, tmp_path):
+    for policy, expect_valid in (("drop", False), ("zero", True)):
+        trainer = _trainer(tiny_sudoku_model, tmp_path / policy, "grpo", f"method.invalid_reward={policy}")
+        batch = trainer.rollout(1)
+        trainer.task.reward = lambda completions, **_: [None] + [1.0] * (len(completions) - 1)
+        trainer.score(batch)
+        assert bool(batch.reward_valid[0]) is expect_valid
+        assert batch.rewards[0].item() == 0.0 if expect_valid else torch.isnan(batch.rewards[0])
+        trainer.advantages(batch)
+        # "zero" keeps the row in its group's mean: the others sit above it
+        assert (batch.advantages[0].item() < 0) if expect_valid else batch.advantages[0].item() == 0.0
+
+
+def test_dropout_is_off_in_rl_passes_unless_asked(tiny_sudoku_model, tmp_path):
+    lora = ["model.lora.rank=4", "model.lora.dropout=0.3"]
+    on = _trainer(tiny_sudoku_model, tmp_path / "on", "grpo", *lora, "train.disable_dropout=false")
+    off = _trainer(tiny_sudoku_model, tmp_path / "off", "grpo", *lora)
+    drops = lambda t: [m.p for m in t.model.modules() if isinstance(m, torch.nn.Dropout)]  # noqa: E731
+    assert drops(on) and max(drops(on)) == 0.3
+    assert drops(off) and max(drops(off)) == 0.0
+
+
+def test_method_is_typed_and_read_once():
+    cfg = load_config(ROOT / "configs/rl/daca_grpo_mini_sudoku.yaml", ["method.advantage_std=population"], RLConfig)
+    method = build_method(cfg)
+    assert method.needs_trajectory and method.needs_ref and not method.skip_safe
+    assert method.advantage.std == "population" and method.advantage.invalid == "drop"
+    cfg = load_config(ROOT / "configs/rl/dipod_mini_sudoku.yaml", ["method.elbo_reg=0.2"], RLConfig)
+    method = build_method(cfg)
+    assert method.objective.elbo_reg == 0.2 and method.elbo_reg == 0.0  # one regulariser, DiPOD's own field
+    cfg = load_config(ROOT / "configs/rl/spg_mini_sudoku.yaml", ["method.elbo_reg=0.1"], RLConfig)
+    assert build_method(cfg).elbo_reg == 0.1 and not build_method(cfg).skip_safe
