@@ -19,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ddrl.estimators.dps import DPS_KINDS
+from ddrl.estimators.dps import DPS_KINDS, denoising_progress_scores
 from ddrl.objectives.grpo import GRPO
 from ddrl.registry import OBJECTIVES
+from ddrl.types import RolloutBatch
 
 
 @OBJECTIVES.register("daca_grpo")
@@ -42,3 +43,9 @@ class DACAGRPO(GRPO):
             raise ValueError(f"daca_grpo: dps_kind={self.dps_kind!r}; valid: {', '.join(DPS_KINDS)}")
         if not 0.0 <= self.dps_floor <= 1.0:
             raise ValueError(f"daca_grpo: dps_floor={self.dps_floor} must be in [0, 1]")
+
+    def prepare(self, batch: RolloutBatch) -> None:
+        """DPS weights of the whole step batch, before it is cut into micro-batches."""
+        if self.token_weights and batch.trajectory is not None:
+            batch.extras["dps_weights"] = denoising_progress_scores(batch.trajectory, batch.completion_mask,
+                                                                    self.dps_kind, self.dps_floor)

@@ -58,3 +58,17 @@ def test_weights_average_one_and_respect_masks():
         valid = cm & (traj.commit_step >= 0)
         torch.testing.assert_close(w.sum(1), valid.sum(1).float())
         assert (w[~valid] == 0).all() and (w[valid] > 0).all() and torch.isfinite(w).all()
+
+
+def test_daca_objective_prepares_its_weights_with_its_own_settings():
+    from ddrl.registry import OBJECTIVES
+    from ddrl.types import RolloutBatch
+
+    traj = two_block_trajectory()
+    traj.token_probs[0, 2, 1] = 0.5  # token 1 now gains 0.45, token 0 0.05
+    batch = RolloutBatch(prompt_ids=torch.zeros(1, 1, dtype=torch.long), prompt_mask=torch.ones(1, 1, dtype=torch.bool),
+                         completion_ids=torch.zeros(1, 2, dtype=torch.long), completion_mask=torch.ones(1, 2, dtype=torch.bool),
+                         group_ids=torch.zeros(1, dtype=torch.long), rewards=torch.zeros(1), advantages=torch.zeros(1),
+                         mask_seeds=torch.zeros(1, dtype=torch.long), trajectory=traj)
+    OBJECTIVES.get("daca_grpo")(dps_floor=0.0).prepare(batch)
+    torch.testing.assert_close(batch.extras["dps_weights"], torch.tensor([[0.2, 1.8]]))
