@@ -121,6 +121,10 @@ class TrainConfig:
     micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None = all
     minibatches: int = 1  # optimizer steps per inner iteration, each on a disjoint share of the groups (PPO
     # minibatches; TraceRL); old log-probs stay those of the rollout policy
+    group_filter: list[float] | None = None  # [lo, hi]: groups whose mean reward is below lo or above hi
+    # are left out of the update, counts included (dLLM-RL's TraceRL/UniGRPO: [0.2, 0.8])
+    truncated_reward: float | None = None  # reward of a completion with no stop token (cut at gen_length);
+    # None = the task's reward (dLLM-RL scores truncated answers as wrong: 0)
     disable_dropout: bool = True  # dropout off in every RL pass, so old, ref and current passes compute the
     # same function and the ratio is exactly 1 at k = 0; false = dropout on in all of them (d1, TRL)
     skip_uninformative: bool = True  # leave groups whose advantages are all 0 out of the old/ref/update passes
@@ -461,6 +465,9 @@ def validate(cfg: Any) -> None:
             if getattr(t, name) <= 0:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
         _choice(t.lr_schedule, ("constant", "cosine", "linear"), "train.lr_schedule")
+        if t.group_filter is not None and (len(t.group_filter) != 2 or t.group_filter[0] > t.group_filter[1]):
+            raise ConfigError(f"train.group_filter={t.group_filter} must be [lo, hi] with lo <= hi "
+                              f"(e.g. [0.2, 0.8]), or null")
         if t.prompts_per_step % t.minibatches:
             raise ConfigError(f"train.minibatches={t.minibatches} must divide train.prompts_per_step="
                               f"{t.prompts_per_step}: each optimizer step takes whole prompt groups")

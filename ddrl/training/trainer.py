@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ddrl.config import RLConfig, SamplerConfig, load_config, save_config, task_kwargs
-from ddrl.data import completion_mask, decode_completions, encode_prompts, model_stop_ids
+from ddrl.data import completion_mask, decode_completions, encode_prompts, is_stop, model_stop_ids
 from ddrl.registry import SAMPLERS
 from ddrl.training import checkpoint as ckpt
 from ddrl.training.common import (build_optimizer, build_scheduler, check_writable, derive_seed,
@@ -178,7 +178,8 @@ class Trainer:
             self.score(batch)
         with clock("advantage"):
             self.advantages(batch)
-        shares = self.minibatch_shares(batch)  # one per optimizer step of an inner iteration
+        kept = self.filter_groups(batch)
+        shares = self.minibatch_shares(kept)  # one per optimizer step of an inner iteration
         counts = [self.global_counts(share) for share in shares]  # normalisers count each whole share
         learn = [self.informative_groups(share) for share in shares]
         old, ref = self.behaviour_passes(learn, step, clock)
@@ -187,6 +188,7 @@ class Trainer:
         timings["step"] = sum(timings.values())
         metrics = self._rollout_metrics(batch)
         metrics["update/rows_frac"] = sum(len(share) for share in learn) / max(len(batch), 1)
+        metrics["update/groups_kept_frac"] = len(kept) / max(len(batch), 1)
         metrics.update(stats)
         metrics.update({f"time/{k}": v for k, v in timings.items()})
         return reduce_mean_dict(metrics, self.dist, self.device)
@@ -244,6 +246,10 @@ class Trainer:
         rewards = self.task.reward(batch.completions, **columns)
         values = [float("nan") if r is None else float(r) for r in rewards]
         batch.rewards = torch.tensor(values, dtype=torch.float32, device=self.device)
+        truncated = self.cfg.train.truncated_reward
+        if truncated is not None:  # no stop token within gen_length: the answer was cut off
+            cut = ~is_stop(batch.completion_ids, model_stop_ids(self.model)).any(dim=1)  # [B]
+            batch.rewards[cut] = float(truncated)
         invalid = ~torch.isfinite(batch.rewards)
         # "drop": excluded from the group, no loss; "zero": a reward of 0 like any other (d1, wd1)
         batch.rewards[invalid] = 0.0 if self.method.advantage.invalid == "zero" else float("nan")
@@ -290,6 +296,22 @@ class Trainer:
                                              dtype=torch.float64, device=self.device), self.dist).tolist()
         return AggregationCounts(tokens=totals[0], sequences=totals[1], world_size=self.dist.world_size,
                                  groups=totals[2])
+
+    def filter_groups(self, batch: RolloutBatch) -> RolloutBatch:
+        """The groups train.group_filter keeps: mean valid reward within [lo, hi] (all when unset).
+        A group left out is not trained on and not counted, as in dLLM-RL's data filter."""
+        bounds = self.cfg.train.group_filter
+        if bounds is None:
+            return batch
+        groups = batch.group_ids
+        n_groups = int(groups.max()) + 1
+        valid = batch.reward_valid.float()
+        r = torch.nan_to_num(batch.rewards, nan=0.0)
+        total = torch.zeros(n_groups, device=r.device).index_add(0, groups, r * valid)
+        n = torch.zeros(n_groups, device=r.device).index_add(0, groups, valid)
+        mean = total / n.clamp(min=1)
+        keep = ((mean >= bounds[0]) & (mean <= bounds[1]) & (n > 0))[groups]
+        return batch.index(keep.nonzero().squeeze(1))
 
     def informative_groups(self, batch: RolloutBatch) -> RolloutBatch:
         """The groups that carry a gradient: those with a non-zero advantage, when every loss term of

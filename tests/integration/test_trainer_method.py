@@ -116,3 +116,19 @@ def test_method_is_typed_and_read_once():
     assert method.objective.elbo_reg == 0.2 and method.elbo_reg == 0.0  # one regulariser, DiPOD's own field
     cfg = load_config(ROOT / "configs/rl/spg_mini_sudoku.yaml", ["method.elbo_reg=0.1"], RLConfig)
     assert build_method(cfg).elbo_reg == 0.1 and not build_method(cfg).skip_safe
+
+
+def test_group_filter_and_truncated_reward(tiny_sudoku_model, tmp_path):
+    trainer = _trainer(tiny_sudoku_model, tmp_path, "tracerl", "train.group_filter=[0.2,0.8]",
+                       "train.truncated_reward=0.0", "rollout.early_exit=false")
+    batch = trainer.rollout(1)
+    eos = trainer.model.tokenizer.eos_token_id
+    batch.completion_ids[:, -1] = eos  # every row ends ...
+    batch.completion_ids[0] = batch.completion_ids[0].masked_fill(batch.completion_ids[0] == eos, eos + 1)  # ... but row 0
+    trainer.task.reward = lambda completions, **_: [1.0] * len(completions)
+    trainer.score(batch)
+    assert batch.rewards[0].item() == 0.0 and (batch.rewards[1:] == 1.0).all()  # the cut-off answer is wrong
+    trainer.advantages(batch)
+    kept = trainer.filter_groups(batch)
+    # group 0: 3/4 right (kept, within [0.2, 0.8]); group 1: 4/4 right (left out)
+    assert kept.group_ids.tolist() == [0, 0, 0, 0]
