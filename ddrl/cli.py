@@ -216,11 +216,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
-    from ddrl.registry import ESTIMATORS, OBJECTIVES
+    from ddrl.objectives import describe_methods
+    from ddrl.registry import ESTIMATORS
 
-    objectives = [{"name": n, "paper": getattr(c, "paper", ""), "formula": getattr(c, "formula", ""),
-                   "estimator": getattr(c, "default_estimator", None), "advantage": getattr(c, "default_advantage", None)}
-                  for n, c in OBJECTIVES.items()]
+    objectives = describe_methods()  # one row per registered objective, from the Objective contract
     estimators = [{"name": n, "paper": getattr(c, "paper", ""), "formula": getattr(c, "formula", ""),
                    "passes": getattr(c, "passes", "")} for n, c in ESTIMATORS.items()]
     if args.json:
@@ -229,6 +228,8 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     print("Objectives (method.objective / objective=NAME):")
     for o in objectives:
         print(f"  {o['name']:<14} {o['paper']}")
+        if o["source"]:
+            print(f"  {'':<14} released code: {o['source']}")
         print(f"  {'':<14} loss: {o['formula']}")
         print(f"  {'':<14} default estimator: {o['estimator']}, advantage: {o['advantage']}")
     print("\nEstimators (method.estimator=NAME):")

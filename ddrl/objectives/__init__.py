@@ -65,16 +65,19 @@ __all__ = [
 
 
 def describe_methods() -> list[dict[str, Any]]:
-    """One dict per registered objective: name, paper, formula, estimator, advantage, fields (defaults)."""
+    """One dict per registered objective: name, paper, released source, formula, estimator, advantage,
+    fields (defaults)."""
     rows = []
     for name, cls in OBJECTIVES.items():
         rows.append({
             "name": name,
             "paper": cls.paper,
+            "source": cls.source,
             "formula": cls.formula,
             "estimator": cls.default_estimator,
             "estimator_args": dict(cls.default_estimator_args),
             "advantage": cls.default_advantage,
+            "advantage_std": cls.default_advantage_std,
             "advantage_clip": cls.default_advantage_clip,
             "fields": {f.name: f.default for f in dataclasses.fields(cls)},
         })

@@ -37,6 +37,7 @@ class Objective:
 
     name: ClassVar[str] = ""
     paper: ClassVar[str] = ""  # short citation: authors, arXiv id
+    source: ClassVar[str] = ""  # the released repository@commit:file:function its golden test was made from
     formula: ClassVar[str] = ""  # one line, shown by `ddrl methods`
     default_estimator: ClassVar[str] = "mean_field"  # an ESTIMATORS name
     default_estimator_args: ClassVar[dict] = {}  # estimator keyword arguments this method's paper uses
