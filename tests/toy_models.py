@@ -1,7 +1,7 @@
 """Tiny deterministic stand-ins for a denoiser, for unit tests of samplers and estimators.
 
-They meet the model contract of DESIGN.md (`model(input_ids, attention_mask=None).logits`,
-[B, T, V]) without depending on ddrl.models, so each layer can be tested on its own.
+They meet the model contract (`model(input_ids, attention_mask=None).logits`, [B, T, V];
+docs/architecture.md#model) without depending on ddrl.models, so each layer can be tested on its own.
 """
 
 from __future__ import annotations

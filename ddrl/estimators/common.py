@@ -36,10 +36,12 @@ def uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.de
 def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
     """log softmax(logits)[target] per position: [N, L, V], [N, L] -> [N, L] float32.
 
-    Cross-entropy in float32: bf16 log-softmax over a 126k vocabulary is too coarse for ratios.
+    Cross-entropy in float32 at least: bf16 log-softmax over a 126k vocabulary is too coarse for
+    ratios; float64 logits stay float64 (the golden loss tests run in float64).
     """
     N, L, V = logits.shape
-    ce = F.cross_entropy(logits.reshape(N * L, V).float(), targets.reshape(N * L), reduction="none")
+    wide = logits if logits.dtype == torch.float64 else logits.float()
+    ce = F.cross_entropy(wide.reshape(N * L, V), targets.reshape(N * L), reduction="none")
     return -ce.view(N, L)
 
 

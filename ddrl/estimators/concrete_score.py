@@ -1,7 +1,7 @@
 """Concrete scores of a masked denoiser on Hamming-1 neighbours, for SEPO.
 
 Paper: Zekri & Boullé, "Fine-Tuning Discrete Diffusion Models with Policy Gradient Methods" (SEPO),
-arXiv 2502.01384, NeurIPS 2025. Code: ozekri/SEPO (GRPO_MDLM_DNA). ALGORITHMS.md §4.
+arXiv 2502.01384, NeurIPS 2025. Code: ozekri/SEPO @ 4a4a40f (GRPO_MDLM_DNA/diffusion_gosai_update_new.py).
 
 SEPO's policy gradient goes through the concrete score s_θ(x)_y = π_θ(y)/π_θ(x):
     log π_θ(x) = -log Σ_y s_θ(x)_y,     ∇ log π_θ(x) = -Σ_y π_θ(y) ∇ log s_θ(x)_y.
@@ -39,9 +39,18 @@ t ≈ 1/128, reads its normalised logits as scores, and estimates π(y) for all 
 M-sample SNIS (≈ L·d·M extra forward passes). For an LLM-style masked denoiser the output at a visible
 position is not a prediction, so the scores are read at a masked position instead, as defined above.
 
+The released code also differs in its SNIS weights: `compute_expression` takes the diagonal over
+(sample m, position j) of the M draws instead of over positions, so sample m contributes its
+position j = m only. Those weights carry no gradient; the golden test (tests/unit/test_golden_sepo.py)
+records them and injects them into the objective.
+
 Output: token_logp [B, L] = log p_θ(x^i|x^{-i}) at the probed positions (mask), seq_logp [B] = the
 pseudo-log-likelihood estimated from them (scaled by len/K), extras["score_surrogate"] [B, L] =
 S_i = -Σ_v π̂(y_{i,v}) log s_θ(x)_{i,v} (with grad; weights detached), whose gradient is ∇ log p_θ(x^i|x^{-i}).
+With `neighbour_extras=True` also the per-neighbour tensors that sepo's clip="released" reads, at the K
+probed positions only (a [B, L, V] tensor would not fit for an LLM vocabulary): extras["log_scores"]
+[B, K, V] (with grad), extras["neighbour_weights"] [B, K, V] (π̂, detached), extras["probe_positions"]
+[B, K] long and extras["probe_valid"] [B, K] bool.
 """
 
 from __future__ import annotations
@@ -141,6 +150,7 @@ class ConcreteScore:
     snis_samples: int = 0  # M: 0 = exact neighbour weights; M > 0 = SEPO's SNIS with M draws per position
     states: str = "single"  # single: only the probed cell masked (SEPO's Hamming-1 scores); trace: the
     # sampler's state when the cell was committed (later cells masked too), for few-step decoding
+    neighbour_extras: bool = False  # also return per-neighbour log-scores and weights [B, K, V] (sepo clip="released")
 
     def __post_init__(self) -> None:
         if self.states not in ("single", "trace"):
@@ -160,7 +170,8 @@ class ConcreteScore:
         tokens = batch.completion_ids.gather(1, positions)  # [B, K]
         token_lp = log_probs.gather(-1, tokens[..., None]).squeeze(-1)  # [B, K] = -logsumexp_v log s
         log_scores = log_probs - token_lp[..., None]  # [B, K, V], log s(x)_{i,v}; 0 at v = x^i
-        surrogate = score_surrogate(log_scores, neighbour_weights(log_probs, self.snis_samples, generator))
+        weights = neighbour_weights(log_probs, self.snis_samples, generator)  # [B, K, V]
+        surrogate = score_surrogate(log_scores, weights)
 
         zero = torch.zeros((), dtype=token_lp.dtype, device=token_lp.device)
         token_lp, surrogate = torch.where(valid, token_lp, zero), torch.where(valid, surrogate, zero)
@@ -170,4 +181,8 @@ class ConcreteScore:
         mask = torch.zeros(shape, dtype=torch.bool, device=token_lp.device).scatter(1, positions, valid)
         scale = completion_mask.sum(1) / valid.sum(1).clamp(min=1)  # len / K: pseudo-likelihood estimate
         seq_logp = token_logp.sum(1) * scale
-        return EstimatorOutput(token_logp, seq_logp, mask, {"score_surrogate": surrogate_full})
+        extras = {"score_surrogate": surrogate_full}
+        if self.neighbour_extras:
+            extras.update(log_scores=log_scores, neighbour_weights=weights, probe_positions=positions,
+                          probe_valid=valid)
+        return EstimatorOutput(token_logp, seq_logp, mask, extras)

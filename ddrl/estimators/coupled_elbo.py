@@ -1,8 +1,9 @@
 """Coupled (complementary-mask) ELBO: ESPO's sequence log-likelihood proxy, and GDSD's denoise log-prob.
 
 Ou et al., "ESPO: ELBO-based Sequence-level Policy Optimization", arXiv 2512.03759 (ML-GSAI/ESPO
-espo_trainer.py `_get_elbo`); Tang et al., "GDSD", arXiv 2605.29398 (GaryBall/GDSD
-gdsd_trainer_batchll.py, coupling always on, no 1/t weights). ALGORITHMS.md §1.1, §7.
+espo/espo_trainer.py `_get_elbo`, `_get_elbo_mc`); Tang et al., "GDSD", arXiv 2605.29398
+(GaryBall/GDSD gdsd/trainers/gdsd_trainer_batchll.py `_compute_denoise_probs_from_masked_batch`:
+coupling always on, no 1/t weights; gdsd_trainer_tlc.py: ESPO's weights). See docs/methods.md.
 
 Per MC draw, with n_j stratified over the batch (n_j uniform on {0..L} marginally, `stratified_counts`)
 and S_j a uniformly random set of n_j completion positions, p = n_j / (L+1):
@@ -11,7 +12,13 @@ and S_j a uniformly random set of n_j completion positions, p = n_j / (L+1):
     pass 2: mask S^c      terms  w2 * log p(x^i | x with S^c masked),  i not in S, w2 = 1/(L/(L+1) - p)
     ELBO(x) = 1/2 * (sum of pass-1 terms + sum of pass-2 terms)      (sequence-level, not length-normalised)
 
-Every position is predicted exactly once across the pair. Averaged over num_mc draws.
+Every position is predicted exactly once across the pair.
+
+Draws. seq_logp, extras["elbo"] and token_logp are the mean over the num_mc draws: ESPO forms its
+ratio from that mean (`_get_elbo_mc`). extras["per_draw"] [B, num_mc] keeps each draw's value:
+GDSD clamps and regresses every draw separately (its compute_loss works on [B, num_mc]), so it
+must not see only the mean. With the masks of ESPO's / GDSD's `forward_process` injected through
+`score`, both values equal the released ones (tests/unit/test_golden_espo.py, test_golden_gdsd.py).
 
 What it is unbiased for. Marginally n is uniform on {0..L} and S uniform given n, so pass 1 alone
 has expectation sum_{n=1..L} (1/n) E_{|S|=n}[sum_{i in S} log p(x^i | x_{-S})], and so does pass 2
@@ -23,6 +30,11 @@ Length. ESPO and GDSD sum over all `logits_to_keep` positions, post-EOS fill inc
 L as the padded length: include_padding=True (default) does the same. include_padding=False scores
 only the real completion (up to and including the first EOS) with L = its length per row; then
 post-EOS positions are masked in both passes and never scored.
+
+Masks. The released code draws k ~ U{0..L}, n_j = round(k + j(L+1)/B) mod (L+1) and a random
+permutation per row from the global RNG after set_seed(seed); ddrl draws an equivalent stratification
+from a torch.Generator (`stratified_counts`), so one seed gives other masks than theirs (the golden
+tests inject their masks).
 """
 
 from __future__ import annotations
@@ -77,9 +89,11 @@ class CoupledELBO:
         lp1, lp2 = lp[:C], lp[C:]
         w1, w2 = self._weights(S.long().sum(-1), eligible.long().sum(-1))  # [C, B] each
         terms = 0.5 * (torch.where(S, lp1 * w1[..., None], 0.0) + torch.where(Sc, lp2 * w2[..., None], 0.0))
-        token_logp = terms.mean(0)  # [B, L], sums to the ELBO
-        seq = token_logp.sum(1)
-        return EstimatorOutput(token_logp=token_logp, seq_logp=seq, mask=eligible[0], extras={"elbo": seq})
+        per_draw = terms.sum(-1).transpose(0, 1)  # [B, C]: each draw's ELBO (GDSD regresses each)
+        token_logp = terms.mean(0)  # [B, L], sums to the mean over draws
+        seq = token_logp.sum(1)  # [B]
+        return EstimatorOutput(token_logp=token_logp, seq_logp=seq, mask=eligible[0],
+                               extras={"elbo": seq, "per_draw": per_draw})
 
     def _weights(self, n: Tensor, length: Tensor) -> tuple[Tensor, Tensor]:
         """ESPO's pass weights 1/p = (L+1)/n and 1/(L/(L+1) - p) = (L+1)/(L-n); 0 for an empty pass."""

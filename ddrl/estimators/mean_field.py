@@ -8,8 +8,13 @@ Zhao et al., "d1: Scaling Reasoning in Diffusion LLMs via RL", arXiv 2504.12216
 Every completion token (post-EOS fill included, as in d1) is masked; each real prompt token is
 masked with probability p_mask_prompt, drawn from the seed, so the mu inner iterations see
 different prompt masks while old/ref/current of one iteration share theirs. One forward pass.
-The proxy ignores completion context (each token is predicted from the prompt alone), so it is
-biased; see ALGORITHMS.md §2.
+The proxy ignores completion context (each token is predicted from the prompt alone), so it is a
+biased stand-in for log π(x^i | c), not a bound on it (docs/methods.md, diffu-GRPO).
+
+Differences from d1's released `_get_per_token_logps` / `forward_process`, none of which matter for
+d1's own batches: d1 masks left-padding positions of the prompt like real tokens and calls the model
+without an attention mask (d1's micro-batch is one prompt repeated, so it has no padding); d1 draws
+the prompt mask from a global `set_seed(seed)`, here from a local generator.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Wang et al., "SPG: Sandwiched Policy Gradient for Masked Diffusion Language Models", arXiv 2510.09541
 (facebookresearch/SPG spg/spg_trainer.py `forward_process` forward_type='block_random',
-`_get_per_seq_logps`); the same code is StableDRL's networks/llada_svpo.py. ALGORITHMS.md §10.2, §6.
+`_get_per_seq_logps`); the same code is StableDRL's networks/llada_svpo.py (docs/methods.md).
 
 Masking, per draw n = 1..num_t (mimics a semi-autoregressive generation state):
   * blocks of block_length completion positions; pick a block b uniformly among the blocks that
@@ -27,6 +27,11 @@ Deviation: SPG picks each draw's block from a random permutation of the padded b
 modulo the number of real blocks (distinct blocks across draws, slightly non-uniform when the
 counts do not divide); we draw each block independently and uniformly among the real blocks.
 Completion lengths need not be multiples of block_length (the last block is shorter).
+
+Checked against the released code (tests/unit/test_golden_spg.py): with SPG's own masks injected
+(`score`), ELBO, EUBO and SPG's loss match facebookresearch/SPG to float32 precision.
+`sandwich_bounds` turns per-draw token log-probs and masks into the ELBO/EUBO output; the block
+(staircase) estimator calls the same function, so both give the same kind of quantity.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class SPGBounds:
     formula: ClassVar[str] = "ELBO = mean_n sum_masked log p/#masked; EUBO = 1/beta mean_i log mean_n[m p^beta/t_emp]"
     passes: ClassVar[str] = "num_t"
     needs_trajectory: ClassVar[bool] = False
+    extras: ClassVar[tuple[str, ...]] = ("elbo", "eubo")  # what EstimatorOutput.extras holds
 
     def draw_masks(self, batch: RolloutBatch, seed: int) -> tuple[Tensor | None, Tensor]:
         """Prompt masks [num_t, B, P] (or None) and completion masks [num_t, B, L] of the draws."""
@@ -89,25 +95,32 @@ class SPGBounds:
         lp = noised_forward(model, batch, prompt_masks, masks, rows_per_call=self.rows_per_call)  # [C, B, L]
         real = batch.completion_mask.bool()
         m = masks & real[None]  # [C, B, L] scored
-        elbo = masked_mean(lp, m, dim=-1).mean(0)  # [B]
-        eubo = self._eubo(lp, m, real)
-        ever = m.any(0)
-        token_logp = masked_mean(lp, m, dim=0) * ever  # [B, L] mean over the draws that masked i
-        return EstimatorOutput(token_logp=token_logp, seq_logp=elbo, mask=ever,
-                               extras={"elbo": elbo, "eubo": eubo})
-
-    def _eubo(self, lp: Tensor, m: Tensor, real: Tensor) -> Tensor:
-        """(1/beta) mean_{valid i} log mean_n [ m_i^(n) p_i^beta / t_emp^(n) ], in log space. [B]"""
-        C = lp.shape[0]
         t_emp = m.float().sum(-1, keepdim=True) / real.float().sum(-1).clamp(min=1)[None, :, None]  # [C, B, 1]
-        log_terms = self.beta_eubo * lp - t_emp.clamp(min=1e-8).log()  # [C, B, L]
-        valid = m.any(0)  # [B, L] masked in at least one draw
-        # -inf for draws that did not mask i; tokens never masked get finite zeros (excluded below), so
-        # neither the value nor the gradient of logsumexp sees an all -inf column.
-        log_terms = torch.where(m, log_terms, -math.inf)
-        log_terms = torch.where(valid[None], log_terms, 0.0)
-        log_mean = torch.logsumexp(log_terms, dim=0) - math.log(C)  # [B, L]
-        return masked_mean(log_mean, valid, dim=-1) / self.beta_eubo
+        return sandwich_bounds(lp, m, t_emp, self.beta_eubo)
 
     def __call__(self, model, batch: RolloutBatch, seed: int) -> EstimatorOutput:
         return self.score(model, batch, *self.draw_masks(batch, seed))
+
+
+def sandwich_bounds(lp: Tensor, m: Tensor, t_mask: Tensor, beta: float) -> EstimatorOutput:
+    """SPG's ELBO and EUBO from C masked draws: lp [C, B, L] log p(x^i | draw), m [C, B, L] bool
+    (masked and scored), t_mask the rate each token was masked at ([C, B, 1] one per row as in SPG,
+    or [C, B, L] per token for block models). extras "elbo" / "eubo" [B]; token_logp [B, L] is the
+    mean over the draws that masked a token, mask [B, L] the tokens masked in at least one draw."""
+    elbo = masked_mean(lp, m, dim=-1).mean(0)  # [B] per-token mean over masked tokens, then over draws
+    ever = m.any(0)  # [B, L]
+    eubo = _eubo(lp, m, ever, t_mask, beta)
+    token_logp = masked_mean(lp, m, dim=0) * ever  # [B, L]
+    return EstimatorOutput(token_logp=token_logp, seq_logp=elbo, mask=ever, extras={"elbo": elbo, "eubo": eubo})
+
+
+def _eubo(lp: Tensor, m: Tensor, ever: Tensor, t_mask: Tensor, beta: float) -> Tensor:
+    """(1/beta) mean_{i in ever} log mean_n [ m_i^(n) p_i^beta / t^(n) ], in log space. [B]"""
+    C = lp.shape[0]
+    log_terms = beta * lp - t_mask.clamp(min=1e-8).log()  # [C, B, L]
+    # -inf for draws that did not mask i; tokens never masked get finite zeros (excluded below), so
+    # neither the value nor the gradient of logsumexp sees an all -inf column.
+    log_terms = torch.where(m, log_terms, -math.inf)
+    log_terms = torch.where(ever[None], log_terms, 0.0)
+    log_mean = torch.logsumexp(log_terms, dim=0) - math.log(C)  # [B, L]
+    return masked_mean(log_mean, ever, dim=-1) / beta

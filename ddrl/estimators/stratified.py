@@ -1,8 +1,8 @@
 """Stratified masking likelihood (SML): DACA-GRPO's pseudo-likelihood [INFERRED].
 
 Karimi Monsefi et al., "DACA-GRPO: Denoising-Aware Credit Assignment", arXiv 2605.16342. No code
-and no full text were available: the construction below is ALGORITHMS.md §8's [INFERRED] reading
-of the abstract, a design choice and not the authors' verified method.
+and no full text were available: the construction below is ddrl's [INFERRED] reading of the abstract
+(docs/methods.md#daca-grpo), a design choice and not the authors' verified method.
 
     a random permutation of each row's real completion positions, cut into K near-equal strata S_1..S_K
     pass k masks only S_k (prompt clean):  log pi(x^i) := log p_theta(x^i | x with S_k masked),  i in S_k

@@ -1,7 +1,8 @@
 """Trajectory-aware log-probs: TraceRL's states actually visited by the sampler.
 
 Wang et al., "Revolutionizing RL Framework for Diffusion LLMs" (TraceRL), arXiv 2509.06949
-(Gen-Verse/dLLM-RL train/rl_llada.py: `collapse_k_unique`, trace construction). ALGORITHMS.md §10.4.
+(Gen-Verse/dLLM-RL @ 10b4fd1c train/rl_llada.py: `collapse_k_unique` and the "TraceRL" branch of
+`prepare_inputs_and_labels_for_text`); docs/methods.md.
 
 From the rollout's commit order (trajectory.commit_step [B, L], the sampler step at which each
 token was committed):
@@ -16,7 +17,12 @@ e.g. EOS fill written by an early exit) are masked in every state and never scor
 positions are also restricted to the completion mask. All (state, row) pairs with at least one
 target go through the model as one batch. seq_logp sums the token log-probs (the log-probability
 of the decoding path); extras["trace_step"] [B, L] gives each token's merged step (-1 if unscored)
-for objectives that normalise per state.
+for objectives that normalise per state (TraceRL: each (sample, state) is one training row).
+
+Row selection. dLLM-RL cuts the list of (sample, state) rows, sample-major, into micro-batches that
+may split a sample's states. `row_chunks` gives those chunks; a micro-batch built from one holds
+the samples it touches and batch.extras["trace_states"] [B, S] bool, the states to compute (others
+are neither run nor scored). `count_rows` counts a step's rows, the normaliser of row_token_mean.
 """
 
 from __future__ import annotations
@@ -72,8 +78,44 @@ class Trace:
         masks = (order[None] >= s) | (order[None] < 0)  # [S, B, L]
         targets = (order[None] == s) & scored[None]  # [S, B, L]
         keep = targets.any(-1)  # [S, B] states with something to score
+        selected = batch.extras.get("trace_states")  # [B, S'] bool or absent: every state
+        if selected is not None:
+            chosen = torch.zeros(num_states, order.shape[0], dtype=torch.bool, device=order.device)
+            n = min(num_states, selected.shape[1])
+            chosen[:n] = selected[:, :n].T.to(order.device).bool()
+            keep = keep & chosen
+            targets = targets & keep[..., None]
+        scored = targets.any(0)  # [B, L] the tokens some kept state scores
         rows = torch.arange(order.shape[0], device=order.device).expand(num_states, -1)[keep]  # [N]
         return rows, masks[keep], targets[keep], torch.where(scored, order, -1)
+
+    def row_table(self, batch: RolloutBatch) -> Tensor:
+        """[B, S] bool: which (sample, state) pairs are training rows (a target, a valid reward)."""
+        _, _, _, order = self.states(batch)
+        S = int(order.max().item()) + 1 if (order >= 0).any() else 0
+        table = (order[:, None, :] == torch.arange(S, device=order.device)[None, :, None]).any(-1)  # [B, S]
+        return table & batch.reward_valid[:, None]
+
+    def count_rows(self, batch: RolloutBatch) -> int:
+        """Training rows of a (step) batch: the R of aggregation=row_token_mean, before summing over processes."""
+        return int(self.row_table(batch).sum())
+
+    def row_chunks(self, batch: RolloutBatch, rows_per_chunk: int) -> list[tuple[Tensor, Tensor]]:
+        """dLLM-RL's micro-batches: the rows, sample-major and by state, cut every rows_per_chunk.
+
+        Returns [(samples [n] long, trace_states [n, S] bool)]: build a micro-batch as
+        batch.index(samples) with extras["trace_states"] = trace_states.
+        """
+        table = self.row_table(batch)  # [B, S]
+        pairs = table.nonzero()  # [R, 2] (sample, state), sample-major
+        chunks = []
+        for start in range(0, pairs.shape[0], rows_per_chunk):
+            part = pairs[start:start + rows_per_chunk]
+            samples = torch.unique(part[:, 0])  # sorted
+            selection = torch.zeros(samples.numel(), table.shape[1], dtype=torch.bool, device=table.device)
+            selection[torch.searchsorted(samples, part[:, 0]), part[:, 1]] = True
+            chunks.append((samples, selection))
+        return chunks
 
     def __call__(self, model, batch: RolloutBatch, seed: int) -> EstimatorOutput:
         rows, masks, targets, order = self.states(batch)
@@ -84,7 +126,7 @@ class Trace:
             lp = forward_logprobs(model, batch.prompt_ids[rows], batch.prompt_mask[rows], completion_in,
                                   batch.completion_ids[rows], rows_per_call=self.rows_per_call)  # [N, L]
             # each scored token is the target of exactly one state: scatter its log-prob back to its row
-            token_logp = token_logp.index_put((rows,), torch.where(targets, lp, 0.0), accumulate=True)
+            token_logp = token_logp.to(lp.dtype).index_put((rows,), torch.where(targets, lp, 0.0), accumulate=True)
         mask = order >= 0
         return EstimatorOutput(token_logp=token_logp, seq_logp=token_logp.sum(1), mask=mask,
                                extras={"trace_step": order})

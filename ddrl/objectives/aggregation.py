@@ -7,8 +7,8 @@ Every function here divides by the GLOBAL count of the step instead, carried by
 `AggregationCounts`, and returns the micro-batch's *contribution*: summing the contributions of
 all micro-batches on all processes gives exactly the full-batch loss and gradient.
 
-    counts = AggregationCounts.from_batch(step_batch)          # this process's whole step
-    counts = all-reduce(tokens, sequences, groups) over processes; world_size = N
+    counts = AggregationCounts.from_batch(step_batch, micro_batches=len(micro_batches))  # this process's step
+    counts = all-reduce(tokens, sequences, groups, micro_batches) over processes; world_size = N
     for micro in micro_batches:
         out = objective(micro, new, old, ref, counts=counts)
         (out.loss * counts.world_size).backward()              # DDP averages grads over N
@@ -18,6 +18,11 @@ DDP *averages* gradients over processes, so the trainer multiplies each contribu
 
 Group-level operations (the softmax over a group in wd1 and StableDRL, leave-one-out) need the
 whole group in one micro-batch: the trainer must cut micro-batches on group boundaries.
+
+One reduction deliberately depends on the split, to reproduce released code that has it:
+`micro_batch_token_mean` (d1's diffu-GRPO, TRL's GRPOTrainer of early 2025) divides each micro-batch
+by its own token count and averages the micro-batches (gradient accumulation, then DDP), so a token
+of a short micro-batch weighs more than one of a long micro-batch (docs/methods.md, diffu-GRPO).
 """
 
 from __future__ import annotations
@@ -34,30 +39,41 @@ from ddrl.types import RolloutBatch
 class AggregationCounts:
     """Global counts of the loss-bearing units in one optimizer step (all micro-batches, all processes).
 
-    tokens:     completion tokens of rows with a valid reward (sum of the completion mask)
-    sequences:  rows with a valid reward
-    world_size: number of data-parallel processes (the trainer scales losses by it before backward)
-    groups:     prompt groups with at least one valid row (for per-group objectives: wd1, StableDRL)
+    tokens:        completion tokens of rows with a valid reward (sum of the completion mask)
+    sequences:     rows with a valid reward
+    world_size:    number of data-parallel processes (the trainer scales losses by it before backward)
+    groups:        prompt groups with at least one valid row (for per-group objectives: wd1, StableDRL)
+    micro_batches: micro-batches of the step summed over all processes (gradient-accumulation steps x
+                   world size when every process cuts the same number); only `micro_batch_token_mean`
+                   reads it
+    rows:          training rows of the step when an estimator makes several per sample (TraceRL's
+                   trace states), summed over processes; None when a row is a sample. Read by the
+                   row aggregations of ppo.TokenPPO.
     """
 
     tokens: float
     sequences: float
     world_size: int = 1
     groups: float | None = None
+    micro_batches: float = 1.0
+    rows: float | None = None
 
     @classmethod
-    def from_batch(cls, batch: RolloutBatch, world_size: int = 1) -> "AggregationCounts":
-        """Counts of one process's step batch; sum them over processes for the global counts."""
+    def from_batch(cls, batch: RolloutBatch, world_size: int = 1, micro_batches: int = 1) -> "AggregationCounts":
+        """Counts of one process's step batch, cut into `micro_batches` micro-batches; sum them over
+        processes (`+`) for the global counts."""
         valid = batch.reward_valid
         mask = batch.completion_mask.bool() & valid[:, None]
         groups = torch.unique(batch.group_ids[valid]).numel()
-        return cls(float(mask.sum()), float(valid.sum()), world_size, float(groups))
+        return cls(float(mask.sum()), float(valid.sum()), world_size, float(groups), float(micro_batches))
 
     def __add__(self, other: "AggregationCounts") -> "AggregationCounts":
         """Counts of two disjoint parts of a step (e.g. two processes' batches)."""
         groups = None if self.groups is None or other.groups is None else self.groups + other.groups
+        rows = None if self.rows is None or other.rows is None else self.rows + other.rows
         return AggregationCounts(self.tokens + other.tokens, self.sequences + other.sequences,
-                                 max(self.world_size, other.world_size), groups)
+                                 max(self.world_size, other.world_size), groups,
+                                 self.micro_batches + other.micro_batches, rows)
 
     def number_of_groups(self) -> float:
         if self.groups is None:
@@ -116,11 +132,24 @@ def group_mean(values: Tensor, counts: AggregationCounts, mask: Tensor | None = 
     return values.sum() / _safe(counts.number_of_groups())
 
 
+def micro_batch_token_mean(values: Tensor, mask: Tensor, counts: AggregationCounts) -> Tensor:
+    """Σ_{b,i} values·mask / (this micro-batch's Σ mask) / global number of micro-batches.
+
+    The released form of d1's diffu-GRPO (and TRL's GRPOTrainer it builds on): a token mean per
+    micro-batch, then gradient accumulation and DDP average the micro-batches. Unlike `token_mean`
+    the gradient depends on how the step is cut: with micro-batches of n_1 and n_2 tokens a token
+    weighs 1/(2 n_j) instead of 1/(n_1 + n_2). A micro-batch without tokens contributes 0.
+    values, mask: [B, L].
+    """
+    return masked(values, mask).sum() / mask.sum().clamp(min=1) / _safe(counts.micro_batches)
+
+
 # The per-token reductions a token-level objective may choose by name (see ppo.py).
 TOKEN_REDUCTIONS = {
     "token_mean": token_mean,
     "sequence_token_mean": sequence_token_mean,
     "sequence_token_sum": sequence_token_sum,
+    "micro_batch_token_mean": micro_batch_token_mean,
 }
 
 

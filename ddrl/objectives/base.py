@@ -44,6 +44,7 @@ class Objective:
     default_advantage: ClassVar[str] = "mean"  # mean | zscore | loo
     default_advantage_clip: ClassVar[float | None] = None  # clamp advantages to ±this
     default_advantage_std: ClassVar[str] = "sample"  # zscore's std: sample | population
+    default_advantage_eps: ClassVar[float] = 1e-4  # zscore's (r - mean) / (std + eps)
     needs_old: ClassVar[bool] = False  # uses the behaviour policy's estimate
     needs_trajectory: ClassVar[bool] = False  # the sampler must record batch.trajectory
     fresh_masks: ClassVar[bool] = False  # a new estimator-mask seed for every pass (StableDRL)
@@ -63,6 +64,10 @@ class Objective:
     def needs_ref(self) -> bool:
         """Uses the reference model's estimate: exactly when the method has a KL weight beta > 0."""
         return self.kl_weight > 0
+
+    def check_estimator(self, estimator: object) -> None:
+        """Raise, before any compute, when `estimator` cannot give what this loss reads (SPG's EUBO).
+        Default: every estimator will do."""
 
     def prepare(self, batch: RolloutBatch) -> None:
         """Per-rollout inputs the loss reads from batch.extras, computed once on the whole step batch
@@ -94,7 +99,13 @@ def token_logps(out: EstimatorOutput, who: str) -> Tensor:
     if out.token_logp is None:
         raise ValueError(f"this objective needs per-token log-probs, but the {who} estimator output has "
                          f"token_logp=None; pick a token-level estimator (mean_field, random_ratio ...)")
-    return out.token_logp.float()
+    return promote(out.token_logp)
+
+
+def promote(x: Tensor) -> Tensor:
+    """bf16/fp16 -> float32 for the loss arithmetic; float32 and float64 stay as they are (a float64
+    golden test then runs in float64 end to end)."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def sequence_proxy(out: EstimatorOutput, prefer: str = "elbo") -> Tensor:
@@ -108,7 +119,7 @@ def sequence_proxy(out: EstimatorOutput, prefer: str = "elbo") -> Tensor:
     if value is None:
         raise ValueError("this objective needs a sequence-level proxy (seq_logp or extras['elbo']); "
                          "pick a sequence estimator (coupled_elbo, spg, fpo_elbo ...)")
-    return value.float()
+    return promote(value)
 
 
 def old_or_detached(old: EstimatorOutput | None, new_value: Tensor, pick) -> Tensor:

@@ -1,15 +1,25 @@
 """ESPO: ELBO-based sequence-level PPO with a length-normalised ratio.
 
 Paper: Ou, Han, Xu, Xu, Xie, Ermon, Wu, Li, "ESPO: ELBO-based Sequence-level Policy Optimization for
-Diffusion LLMs", arXiv 2512.03759. Code: ML-GSAI/ESPO (espo/espo_trainer.py compute_loss). §10.3.
+Diffusion LLMs", arXiv 2512.03759. Code: ML-GSAI/ESPO @ b5f2dac (espo/espo_trainer.py
+`compute_loss`). See docs/methods.md.
 
     ρ_i = exp((ELBO_θ(x_i) - ELBO_old(x_i)) / L)       L = padded completion length (logits_to_keep)
     L   = -(1/B) Σ_i min(ρ_i A_i, clip(ρ_i, 1±ε) A_i) + β·(1/B) Σ_i ½(ELBO_θ - ELBO_ref)² / L     (k2 KL)
     A = leave-one-out (scale_rewards = false);  ε = 0.2, β = 0.01 (recipes/train.yaml; GSM8K: 1e-3)
 
-ELBO from the `coupled_elbo` estimator (extras["elbo"] or seq_logp; same mask seeds for old, ref, θ).
-1/B uses the step's global sequence count. `ratio_noise_std` adds N(0, std²) to log ρ (stress test:
-ESPO's conditional clip lets negative-advantage outliers through).
+ELBO from the `coupled_elbo` estimator: the mean over its num_mc draws (extras["elbo"] or seq_logp),
+the same mask seeds for old, ref and θ. The ratio and the KL use that mean, as the released code
+(`_get_elbo_mc` averages the draws before compute_loss sees them).
+
+Normalisation: 1/B is the step's global sequence count. The released trainer divides each
+micro-batch by its own row count and the accumulated loss by the number of micro-batches; its
+micro-batches are equal-sized, so the two agree (tests/unit/test_golden_espo.py checks one
+released step of two micro-batches). Rows with an invalid reward carry no loss here; the released
+code gives them reward 0 and keeps them.
+
+`ratio_noise_std` adds N(0, std²) to log ρ (stress test: ESPO's conditional clip lets
+negative-advantage outliers through).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Block diffusion: BD3-LM (Arriola et al. 2025) / SDAR / TraDo, and the one-pass "staircase" ELBO
-of StableDRL (ALGORITHMS.md §1.6).
+of StableDRL (docs/diffusion.md#block-diffusion).
 
 The completion is cut into blocks of `block_size` tokens, generated left to right; inside a block
 tokens are denoised by masked diffusion conditioned on the prompt and the *clean* earlier blocks.
@@ -267,11 +267,23 @@ def staircase_elbo(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completi
 
     process = _make_process(model, block_size, mask_token_id, schedule)
     noisy, noised, t_tok = _block_noise(process, prompt_mask, completion_ids, completion_mask, generator, eps)
-    input_ids, position_ids, attn_mask = staircase_inputs(prompt_ids, prompt_mask, completion_ids, noisy, block_size)
-    # the noisy completion is the last L of the 2T positions: only it goes through the LM head
-    noisy_completion_logits = kept_logits(model, input_ids, attn_mask, position_ids=position_ids,
-                                          logits_to_keep=completion_ids.shape[1])  # [B, L, V]
-    return _elbo_from_logits(process, noisy_completion_logits, completion_ids, noised, t_tok)
+    logits = staircase_logits(model, prompt_ids, prompt_mask, completion_ids, noisy, block_size)  # [B, L, V]
+    return _elbo_from_logits(process, logits, completion_ids, noised, t_tok)
+
+
+def staircase_logits(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+                     noisy_completion: Tensor, block_size: int) -> Tensor:
+    """Logits [B, L, V] of every completion position given its noisy block and the clean blocks
+    before it, all blocks in ONE forward pass of the staircase input [B, 2T].
+
+    noisy_completion [B, L] is the completion with the positions to score replaced by the mask
+    token (whatever drew them: `staircase_elbo`'s t_b, or an RL estimator's masks). The noisy
+    completion is the last L of the 2T positions, so only it goes through the LM head.
+    """
+    input_ids, position_ids, attn_mask = staircase_inputs(prompt_ids, prompt_mask, completion_ids,
+                                                          noisy_completion, block_size)
+    return kept_logits(model, input_ids, attn_mask, position_ids=position_ids,
+                       logits_to_keep=completion_ids.shape[1])  # [B, L, V]
 
 
 def blockwise_elbo(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, block_size: int, *,

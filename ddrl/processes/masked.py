@@ -1,7 +1,7 @@
 """Masked (absorbing) diffusion: MDLM (Sahoo et al. 2024) / LLaDA (Nie et al. 2025).
 
-Forward process (ALGORITHMS.md §1.1): every eligible token is independently replaced by the
-mask token M with probability 1 - alpha_t,
+Forward process (docs/diffusion.md#masked-diffusion): every eligible token is independently
+replaced by the mask token M with probability 1 - alpha_t,
 
     q(x_t^i | x_0^i) = alpha_t * delta(x_t^i = x_0^i) + (1 - alpha_t) * delta(x_t^i = M).
 

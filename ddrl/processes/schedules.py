@@ -1,8 +1,8 @@
 """Noise schedules alpha(t): the probability that a token is still clean at time t in [0, 1].
 
 t = 0 is clean data and t = 1 is pure noise (the MDLM / UDLM convention; URSA counts time the
-other way, see ALGORITHMS.md §1.4). Every process reads alpha(t) and its derivative alpha'(t)
-from one of these, so masked, uniform and block diffusion share them.
+other way, see docs/diffusion.md#ursa-metric-path). Every process reads alpha(t) and its
+derivative alpha'(t) from one of these, so masked, uniform and block diffusion share them.
 
     linear   alpha(t) = 1 - t            (LLaDA / MDLM: t is the mask ratio)
     cosine   alpha(t) = cos(pi t / 2)    (MDLM's CosineNoise without its eps floor)

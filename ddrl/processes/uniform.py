@@ -2,7 +2,7 @@
 
 The process acts on N classes, the token ids offset .. offset+N-1 of the model's vocabulary
 (image or gray-level tokens placed after a text vocabulary, as URSA does). With x_0 one-hot over
-those N classes (ALGORITHMS.md §1.4):
+those N classes (docs/diffusion.md#uniform-diffusion):
 
     q(x_t | x_0) = Cat( alpha_t x_0 + (1 - alpha_t) / N )        # t = 1: uniform prior
 
@@ -23,7 +23,7 @@ when x_theta = x_0, so the NELBO is non-negative and 0 for a perfect one-hot mod
 terms cancel at small t (where N/x̄_i ~ N/t).
 
 `ce_loss` is URSA's pretraining loss instead: plain cross-entropy of x_0 on every noised
-position, no time weight (ALGORITHMS.md §1.4, UDM-GRPO pipeline_train.py).
+position, no time weight (Yovecent/UDM-GRPO diffnext/pipelines/ursa/pipeline_train.py).
 """
 
 from __future__ import annotations
@@ -78,7 +78,9 @@ class UniformProcess(ForwardProcess):
         return torch.where(redraw, fresh, x0), eligible
 
     def posterior(self, x0_probs: Tensor, xt_class: Tensor, t: Tensor | float, s: Tensor | float) -> Tensor:
-        """q(x_s | x_t, x_0) for s <= t, probs [..., N] (ALGORITHMS.md §1.4, Duo's ancestral step).
+        """q(x_s | x_t, x_0) for s <= t, probs [..., N]: Duo's ancestral step.
+
+        The formula is in docs/diffusion.md#uniform-diffusion.
 
         x0_probs: [..., N], one-hot x_0 or the model's distribution x_theta (then the result is the
         Bayes posterior with x_theta as the prior over x_0: sum_c pi_c q(x_s | x_t, c), pi_c ∝

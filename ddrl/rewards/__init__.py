@@ -1,7 +1,7 @@
 """Reward functions: `reward(completions: list[str], **columns) -> list[float | None]`.
 
 Columns are lists aligned with the completions (None = not applicable). Every reward here never
-raises and returns in bounded time on any completion (DESIGN.md, Reward contract).
+raises and returns in bounded time on any completion (docs/architecture.md#reward).
 
     math_correctness_reward   math-verify equivalence with the gold `answer` (rewards/math.py)
     soft_format_reward        d1's <reasoning>..</reasoning><answer>..</answer> shape (rewards/format.py)

@@ -165,7 +165,7 @@ def code_reward(
                 allow_unsandboxed=allow_unsandboxed,
             )
             return score_output(result.stdout, token, n_tests, partial_credit)
-        except Exception:  # noqa: BLE001 - a reward never raises (DESIGN.md, Reward contract)
+        except Exception:  # noqa: BLE001 - a reward never raises (docs/architecture.md#reward)
             return 0.0
 
     if not completions:

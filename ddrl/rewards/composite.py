@@ -1,6 +1,6 @@
 """Reward plumbing: per-completion scorers that never raise, and weighted sums of named parts.
 
-Every reward in ddrl has the signature of DESIGN.md,
+Every reward in ddrl has the signature of the reward contract (docs/architecture.md#reward),
 `reward(completions: list[str], **columns) -> list[float | None]`, where each column is a list
 aligned with the completions (None = not applicable). Two helpers build such functions:
 
@@ -43,7 +43,7 @@ def per_completion(score: Callable[..., float | None] | None = None, *, on_error
                 try:
                     value = fn(completion, **{k: column_value(v, i) for k, v in columns.items()})
                     out.append(None if value is None else float(value))
-                except Exception:  # noqa: BLE001 - a reward never raises (DESIGN.md, Reward contract)
+                except Exception:  # noqa: BLE001 - a reward never raises (docs/architecture.md#reward)
                     out.append(on_error)
             return out
 

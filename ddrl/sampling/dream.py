@@ -62,7 +62,7 @@ from ddrl.sampling.masked import _ProbRecorder, commit_top_k
 from ddrl.sampling.utils import RowNoise, completion_logits
 from ddrl.types import Trajectory
 
-if TYPE_CHECKING:  # sampling imports only torch at run time (DESIGN.md: dependencies point one way)
+if TYPE_CHECKING:  # sampling imports only torch at run time (docs/architecture.md#dependency-direction)
     from ddrl.config import SamplerConfig
 
 ALGS = ("origin", "entropy", "maskgit_plus", "topk_margin")

@@ -2,9 +2,10 @@
 parallel decoding, MaskGRPO's ancestral "emerge" sampler and block-diffusion decoding.
 
 **generate()** is LLaDA's reference `generate()` (Nie et al. 2025, "Large Language Diffusion Models";
-ALGORITHMS.md §1.2), batched. The completion starts as gen_length masks and is decoded in blocks of
-block_length, left to right, with spb = steps // num_blocks model calls per block. In a block with n
-masked positions, step s commits k_s = n // spb tokens, one more in the first n % spb steps:
+docs/diffusion.md#low-confidence-sampler), batched. The completion starts as gen_length masks and
+is decoded in blocks of block_length, left to right, with spb = steps // num_blocks model calls per
+block. In a block with n masked positions, step s commits k_s = n // spb tokens, one more in the
+first n % spb steps:
 
     logits = model([prompt, completion]).logits        # guided: un + (w+1)(cond - un) if cfg_scale=w > 0
     x0     = argmax(logits - tau * log(-log U))         # Gumbel-max: x0 ~ softmax(logits / tau); tau=0: argmax
@@ -22,10 +23,11 @@ compares with a plain per-row transcription). Where this code differs from the r
       torch.topk. They occur at p = 1.0 in float64, e.g. on runs of trailing EOS.
   (e) generate() never early-exits; the registry samplers may (see below).
 
-**Threshold decoding** (Fast-dLLM, Wu et al. 2025; §1.8), when threshold is set: at each step commit
-every masked position of the current block whose confidence is >= threshold, and always the single
-most confident one; a block ends when it has no mask left, so the number of model calls adapts to the
-model's confidence (at most block_length per block) and `steps` is not used.
+**Threshold decoding** (Fast-dLLM, Wu et al. 2025; docs/diffusion.md#threshold-decoding), when
+threshold is set: at each step commit every masked position of the current block whose confidence
+is >= threshold, and always the single most confident one; a block ends when it has no mask left,
+so the number of model calls adapts to the model's confidence (at most block_length per block) and
+`steps` is not used.
 **Factor decoding** (the paper's variant, when factor f is set): with c_(1) >= c_(2) >= ... the
 confidences of the block's masked positions, commit the n most confident for the largest n with
 (n + 1)(1 - c_(n)) < f, at least one. Like threshold decoding, a block runs until it is full.
@@ -37,22 +39,23 @@ prompt and the finished blocks; "auto" is that exact cache where it is exact and
 The cache changes where the logits come from, nothing else: the commit rules, noise, early exit
 and the trajectory record below are the same for every setting.
 
-**"emerge"** (MaskGRPO's ancestral sampler, Ma et al. 2025; §1.3): with mask fraction k(tau) and
-T steps per block, at step s (k_t = k(s/T), k_s = k((s+1)/T)) every masked token independently
-becomes a draw from softmax(logits / temperature) (argmax at temperature 0) with probability
-(k_t - k_s) / k_t, else stays masked; the last step fills every remaining mask. The number of tokens
-per step is random, unlike LLaDA's fixed counts. k is linear (1 - tau) or MaskGRPO's cosine
-cos(pi tau / 2), picked by EMERGE_SCHEDULE_FOR_PROCESS from the model's process schedule. Note that
-"cosine" here is MaskGIT's pace, not the MDLM cosine alpha(t) of ddrl.processes.schedules: a masked
-denoiser does not see t, so any pace gives valid samples; it only decides when tokens appear.
+**"emerge"** (MaskGRPO's ancestral sampler, Ma et al. 2025; docs/diffusion.md#emerge-sampler):
+with mask fraction k(tau) and T steps per block, at step s (k_t = k(s/T), k_s = k((s+1)/T)) every
+masked token independently becomes a draw from softmax(logits / temperature) (argmax at
+temperature 0) with probability (k_t - k_s) / k_t, else stays masked; the last step fills every
+remaining mask. The number of tokens per step is random, unlike LLaDA's fixed counts. k is linear
+(1 - tau) or MaskGRPO's cosine cos(pi tau / 2), picked by EMERGE_SCHEDULE_FOR_PROCESS from the
+model's process schedule. Note that "cosine" here is MaskGIT's pace, not the MDLM cosine alpha(t)
+of ddrl.processes.schedules: a masked denoiser does not see t, so any pace gives valid samples; it
+only decides when tokens appear.
 
-**"block"** (SDAR/TraDo block diffusion; §1.6): the masked sampler with block_length = model.block_size
-for block-causal models, threshold decoding when rollout.threshold is set, SDAR's dynamic rule with
-remasking="sdar_dynamic". Blocks follow SDAR's layout (ddrl.processes.block: block = position //
-block_size, prompt included), the layout every estimator and block pretraining use; a row whose
-prompt ends inside a block first finishes that block, so its completion is shifted by
-n_prompt % block_size empty slots inside the loop (ddrl.sampling.cache) and may span one block
-more. Steps per block = steps / ceil(gen_length / block_length). The sampler passes the layout's
+**"block"** (SDAR/TraDo block diffusion; docs/diffusion.md#block-diffusion): the masked sampler
+with block_length = model.block_size for block-causal models, threshold decoding when
+rollout.threshold is set, SDAR's dynamic rule with remasking="sdar_dynamic". Blocks follow SDAR's
+layout (ddrl.processes.block: block = position // block_size, prompt included), the layout every
+estimator and block pretraining use; a row whose prompt ends inside a block first finishes that
+block, so its completion is shifted by n_prompt % block_size empty slots inside the loop
+(ddrl.sampling.cache) and may span one block more. Steps per block = steps / ceil(gen_length / block_length). The sampler passes the layout's
 attention mask explicitly, for every row whatever its prompt length.
 
 **Early exit** (registry samplers, rollout.early_exit): after a block is finished, a row whose
@@ -106,7 +109,7 @@ from ddrl.sampling.sdar import commit_dynamic, tempered_confidence
 from ddrl.sampling.utils import RowNoise, gumbel_argmax
 from ddrl.types import Trajectory
 
-if TYPE_CHECKING:  # sampling imports only torch at run time (DESIGN.md: dependencies point one way)
+if TYPE_CHECKING:  # sampling imports only torch at run time (docs/architecture.md#dependency-direction)
     from ddrl.config import SamplerConfig
 
 REMASKING = ("low_confidence", "random", "sdar_dynamic")

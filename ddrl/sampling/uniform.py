@@ -1,4 +1,4 @@
-"""Ancestral sampler for uniform discrete diffusion (UDLM / Duo; ALGORITHMS.md §1.4).
+"""Ancestral sampler for uniform discrete diffusion: UDLM / Duo (docs/diffusion.md#uniform-diffusion).
 
     x_1 ~ Uniform(N classes)^L
     for k = 0 .. S-1, t = 1 - k/S, s = 1 - (k+1)/S:
@@ -9,9 +9,10 @@
 Unlike the masked samplers, a uniform-diffusion token can change at every step, so the
 trajectory's commit_step is the last step at which a token changed (0 if it never did).
 
-Classifier-free guidance, LLaDA form (ALGORITHMS.md §1.5): the unconditional input has the prompt
-tokens replaced by the mask token, and logits = uncond + (1 + w)(cond - uncond); both halves go
-through the model in one batched call (counted as one function evaluation).
+Classifier-free guidance, LLaDA form (docs/diffusion.md#classifier-free-guidance): the
+unconditional input has the prompt tokens replaced by the mask token, and logits = uncond +
+(1 + w)(cond - uncond); both halves go through the model in one batched call (counted as one
+function evaluation).
 
 Time convention: t = 1 is noise (UDLM/Duo). URSA counts the other way; its metric-path CTMC jump
 sampler is not this one.

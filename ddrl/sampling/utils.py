@@ -54,10 +54,11 @@ def gumbel_argmax(logits: Tensor, temperature: float, uniforms: Tensor | None) -
 
 
 def guided_logits(cond: Tensor, uncond: Tensor, cfg_scale: float) -> Tensor:
-    """Classifier-free guidance with weight w: uncond + (w + 1)(cond - uncond) (ALGORITHMS.md §1.5).
+    """Classifier-free guidance with weight w: uncond + (w + 1)(cond - uncond).
 
-    This is LLaDA's form; MaskGIT/MMaDA's (1 + w) cond - w uncond is the same expression expanded,
-    so one function serves both samplers. Computed in the logits' dtype, as the reference does.
+    This is LLaDA's form (docs/diffusion.md#classifier-free-guidance); MaskGIT/MMaDA's
+    (1 + w) cond - w uncond is the same expression expanded, so one function serves both samplers.
+    Computed in the logits' dtype, as the reference does.
     A token that either pass forbids (logit -inf, e.g. the mask token of a SUBS denoiser) stays
     forbidden; the bare formula would make it NaN (-inf - -inf) and argmax would pick it.
     """

@@ -1,8 +1,9 @@
 """Task = dataset + prompt format + reward + metric.
 
 A task yields examples as plain dicts: "prompt" (the text the model is conditioned on) plus the
-columns its reward needs ("solution", "answer", "tests", "label" ...). Rewards follow DESIGN.md:
-`reward(completions: list[str], **columns) -> list[float | None]` and never raise or hang.
+columns its reward needs ("solution", "answer", "tests", "label" ...). Rewards follow the reward
+contract (docs/architecture.md#reward): `reward(completions: list[str], **columns) ->
+list[float | None]`, and never raise or hang.
 """
 
 from __future__ import annotations

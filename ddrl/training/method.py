@@ -33,6 +33,7 @@ class AdvantageSpec:
 
     kind: str  # mean | zscore | loo
     std: str  # zscore's std: sample | population
+    eps: float  # zscore's (r - mean) / (std + eps), as the method's authors add it
     clip: float | None  # clamp to ±clip afterwards (UDM-GRPO: 5)
     invalid: str  # a None/NaN reward: "drop" (left out of its group, no loss) or "zero" (reward 0; d1, wd1)
 
@@ -83,6 +84,12 @@ class Method:
     def prepare(self, batch: RolloutBatch) -> None:
         self.objective.prepare(batch)
 
+    def count_rows(self, batch: RolloutBatch) -> float | None:
+        """Training rows of a batch when the estimator makes more than one per sample (TraceRL's trace
+        states: `Trace.count_rows`), else None (the loss counts rows from the batch itself)."""
+        count = getattr(self.estimator, "count_rows", None)  # an optional estimator capability
+        return None if count is None else float(count(batch))
+
     def loss(self, batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutput | None,
              ref: EstimatorOutput | None, counts) -> LossOutput:
         from ddrl.objectives.dipod import add_elbo_regulariser
@@ -121,11 +128,13 @@ def build_method(cfg: RLConfig) -> Method:
     if m.estimator and m.estimator != objective.default_estimator:
         est_args = dict(m.estimator_args)  # a different estimator does not inherit the default's args
     estimator = ESTIMATORS.get(est_name)(**est_args)
+    objective.check_estimator(estimator)
     if m.invalid_reward not in INVALID_REWARDS:
         raise ValueError(f"method.invalid_reward={m.invalid_reward!r}; valid: {', '.join(INVALID_REWARDS)}")
     advantage = AdvantageSpec(
         kind=m.advantage or objective.default_advantage,
         std=m.advantage_std or objective.default_advantage_std,
+        eps=objective.default_advantage_eps,
         clip=m.advantage_clip if m.advantage_clip is not None else objective.default_advantage_clip,
         invalid=m.invalid_reward,
     )

@@ -261,7 +261,8 @@ class Trainer:
         from ddrl.objectives import compute_advantages
 
         a = self.method.advantage
-        batch.advantages = compute_advantages(batch.rewards, batch.group_ids, a.kind, std=a.std, clip=a.clip)
+        batch.advantages = compute_advantages(batch.rewards, batch.group_ids, a.kind, std=a.std, eps=a.eps,
+                                              clip=a.clip)
         self.method.prepare(batch)  # per-rollout inputs of the loss (DACA's token weights)
 
     @torch.no_grad()
@@ -291,26 +292,25 @@ class Trainer:
         """Loss normalisers of the whole step: valid tokens, rows and groups over all processes."""
         from ddrl.objectives import AggregationCounts
 
-        local = AggregationCounts.from_batch(batch, self.dist.world_size)  # rows with a valid reward
-        totals = all_reduce_sum(torch.tensor([local.tokens, local.sequences, local.groups or 0.0],
-                                             dtype=torch.float64, device=self.device), self.dist).tolist()
+        # micro-batches are counted before uninformative groups are skipped: d1's per-micro-batch mean
+        # (aggregation "micro_batch_token_mean") averages over all of them, zero-gradient ones included
+        local = AggregationCounts.from_batch(batch, self.dist.world_size,  # rows with a valid reward
+                                             micro_batches=len(self.micro_batches(batch)))
+        rows = self.method.count_rows(batch)  # TraceRL: one training row per trace state
+        totals = all_reduce_sum(torch.tensor([local.tokens, local.sequences, local.groups or 0.0, local.micro_batches,
+                                              rows or 0.0], dtype=torch.float64, device=self.device), self.dist).tolist()
         return AggregationCounts(tokens=totals[0], sequences=totals[1], world_size=self.dist.world_size,
-                                 groups=totals[2])
+                                 groups=totals[2], micro_batches=totals[3], rows=None if rows is None else totals[4])
 
     def filter_groups(self, batch: RolloutBatch) -> RolloutBatch:
         """The groups train.group_filter keeps: mean valid reward within [lo, hi] (all when unset).
         A group left out is not trained on and not counted, as in dLLM-RL's data filter."""
+        from ddrl.objectives.advantages import groups_in_band
+
         bounds = self.cfg.train.group_filter
         if bounds is None:
             return batch
-        groups = batch.group_ids
-        n_groups = int(groups.max()) + 1
-        valid = batch.reward_valid.float()
-        r = torch.nan_to_num(batch.rewards, nan=0.0)
-        total = torch.zeros(n_groups, device=r.device).index_add(0, groups, r * valid)
-        n = torch.zeros(n_groups, device=r.device).index_add(0, groups, valid)
-        mean = total / n.clamp(min=1)
-        keep = ((mean >= bounds[0]) & (mean <= bounds[1]) & (n > 0))[groups]
+        keep = groups_in_band(batch.rewards, batch.group_ids, bounds[0], bounds[1])
         return batch.index(keep.nonzero().squeeze(1))
 
     def informative_groups(self, batch: RolloutBatch) -> RolloutBatch:

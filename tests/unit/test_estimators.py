@@ -543,21 +543,6 @@ class StaircaseToy(nn.Module):
         return o
 
 
-def test_staircase_adapts_process_elbo():
-    import ddrl.processes.block as block
-    from ddrl.estimators.common import generator_from_seed
-    model, batch = StaircaseToy(), tiny_batch()
-    out = Staircase()(model, batch, seed=0)  # block size from model.block_size
-    elbo, token_logp, noised = block.staircase_elbo(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                                    2, generator=generator_from_seed(0),
-                                                    completion_mask=batch.completion_mask)
-    torch.testing.assert_close(out.seq_logp, elbo)
-    torch.testing.assert_close(out.token_logp, token_logp * out.mask)
-    assert torch.equal(out.mask, noised & batch.completion_mask)
-    out.seq_logp.sum().backward()
-    assert sum(float(p.grad.abs().sum()) for p in model.parameters() if p.grad is not None) > 0
-
-
 # ----------------------------------------------------------------------------------------------- every estimator
 
 

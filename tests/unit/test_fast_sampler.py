@@ -1,10 +1,12 @@
-"""Fast rollouts: the block KV cache, threshold/factor decoding and early exit (ALGORITHMS.md §1.8).
+"""Fast rollouts: the block KV cache, threshold/factor decoding and early exit.
+
+The algorithms: docs/diffusion.md#fast-rollouts.
 
 What must hold:
   * cache off ("none", or "auto" on a full-attention model): the reference tokens, exactly;
   * block-causal models: the cached logits equal the uncached ones and the tokens are identical,
-    under the block convention of ddrl.processes.block (prompt = one block, completion blocks
-    counted from the completion start), checked against a mask written by hand;
+    under the block layout of ddrl.processes.block (SDAR's: block = position // block_size over
+    real tokens, prompt included), checked against a mask written by hand;
   * prefix/dual caches on full-attention models: a fresh cache gives the full forward's logits
     (positions, padding and key order right); exact on a one-layer model (whose cached keys do not
     depend on context); cost counters follow the formulas;

@@ -2,7 +2,7 @@
 
 The central check: with temperature 0 and low-confidence remasking, the batched, padded generate()
 gives exactly the tokens of a plain, one-row-at-a-time transcription of LLaDA's algorithm
-(ALGORITHMS.md §1.2) written below with Python lists and loops.
+(docs/diffusion.md#low-confidence-sampler) written below with Python lists and loops.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class FiniteMaskLogit(ToyDiffusionLM):
 
 
 # --------------------------------------------------------------------------------------------
-# The plain reference: one unpadded row, lists and loops, greedy low-confidence (§1.2)
+# The plain reference: one unpadded row, lists and loops, greedy low-confidence remasking
 # --------------------------------------------------------------------------------------------
 
 

@@ -133,7 +133,11 @@ def test_masked_token_objectives_hand_computed(name):
     batch = make_batch()
     _, new, old, ref = token_outputs(delta=delta, mask=scored)
     out = objective(name)(batch, new, old, ref, counts=counts_of(batch))
-    expected = (-0.8 + 1.4 - 0.5 + 1.5) / 4 + 0.01 * ((1 - LN2) / 2) / 4
+    if name == "maskgrpo":  # k3 to the reference, mean over each sample's masked tokens
+        expected = (-0.8 + 1.4 - 0.5 + 1.5) / 4 + 0.01 * ((1 - LN2) / 2) / 4
+    else:  # UniGRPO as dLLM-RL: k3 to the behaviour policy, summed over each row's masked tokens, / rows
+        k3 = lambda r: 1 / r + math.log(r) - 1  # noqa: E731
+        expected = (-0.8 + 1.4 - 0.5 + 1.5) / 4 + 0.01 * (k3(1.2) + k3(0.4) + k3(0.4) + k3(2.0) + k3(3.0)) / 4
     assert out.loss.item() == pytest.approx(expected, abs=1e-6)
 
 
@@ -460,7 +464,7 @@ def test_counts_add_over_processes():
     a, b = full.index(slice(0, 2)), full.index(slice(2, 4))
     total = AggregationCounts.from_batch(a, world_size=2) + AggregationCounts.from_batch(b, world_size=2)
     assert (total.tokens, total.sequences, total.groups, total.world_size) == (3 + 3 + 1, 3, 2, 2)
-    assert total == AggregationCounts.from_batch(full, world_size=2)
+    assert total == AggregationCounts.from_batch(full, world_size=2, micro_batches=2)  # one micro-batch per process
 
 
 def test_ratio_noise_hook():

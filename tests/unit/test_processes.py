@@ -230,7 +230,8 @@ def test_uniform_noise_marginals():
 
 
 def _duo_bracket_nelbo(N, a, da, x0_class, xt_class, x_theta):
-    """ALGORITHMS.md §1.4 as written (UDLM/Duo): (a'/(N a)) (N/xb_i - N/xbt_i - sum_{j!=i} ...), float64."""
+    """UDLM's / Duo's published closed form, float64 (docs/diffusion.md#uniform-diffusion):
+    (a'/(N a)) (N/xb_i - N/xbt_i - sum_{j!=i} ...)."""
     xb = N * a * torch.nn.functional.one_hot(torch.tensor(x0_class), N).double() + (1 - a)
     xbt = N * a * x_theta + (1 - a)
     i = xt_class

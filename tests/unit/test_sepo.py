@@ -229,3 +229,38 @@ def test_trace_states_score_the_decoding_path_like_the_trace_estimator():
         estimator(model, batch_of([[0, 1, 2]]), seed=0)
     with pytest.raises(ValueError, match="states"):
         ESTIMATORS.get("concrete_score")(states="all")
+
+
+def test_neighbour_extras_ratios_are_the_conditional_ratio_and_released_clip_is_reinforce_on_policy():
+    """With exact scores every neighbour of position i gives the same ratio p_θ(x^i|x^{-i})/p_old(x^i|x^{-i});
+    on-policy (old = None) the released per-neighbour form is REINFORCE, as the per-sample one is."""
+    from ddrl.objectives.sepo import released_surrogates
+
+    model = ExactJoint(length=2, seed=9)
+    old_model = ExactJoint(length=2, seed=9)
+    with torch.no_grad():
+        old_model.table.add_(0.3 * torch.randn(old_model.table.shape, generator=torch.Generator().manual_seed(1),
+                                               dtype=torch.float64))
+    batch = batch_of([[0, 1], [2, 2], [1, 0]])
+    estimator = ESTIMATORS.get("concrete_score")(num_positions=2, neighbour_extras=True)
+    new, old = estimator(model, batch, seed=2), estimator(old_model, batch, seed=2).detach()
+    assert new.extras["log_scores"].shape == (3, 2, V + 1) and new.extras["probe_valid"].all()
+    _, _, ratio = released_surrogates(new.extras, old.extras, 0.2)  # [B, K, V+1]
+    positions = new.extras["probe_positions"]
+    expected = (new.token_logp - old.token_logp).gather(1, positions).exp()  # [B, K]
+    real = ratio[..., :V]  # the mask token's weight is 0 (ratio 1 by convention)
+    torch.testing.assert_close(real, expected[..., None].expand_as(real), atol=1e-9, rtol=1e-9)
+
+    one = ExactJoint(length=1, seed=6)
+    batch = batch_of([[0], [1], [2], [1]])
+    batch.advantages = torch.tensor([1.0, -0.5, 2.0, -1.5])
+    out = ESTIMATORS.get("concrete_score")(neighbour_extras=True)(one, batch, seed=0)
+    loss = OBJECTIVES.get("sepo")(clip="released")(batch, out, None, None,
+                                                   counts=AggregationCounts.from_batch(batch)).loss
+    reinforce = -(batch.advantages.double() * one.log_joint()[batch.completion_ids[:, 0]]).mean()
+    torch.testing.assert_close(grad_of(loss, one), grad_of(reinforce, one), atol=1e-9, rtol=0)
+    with pytest.raises(ValueError, match="neighbour_extras"):
+        plain = ESTIMATORS.get("concrete_score")()(one, batch, seed=0)
+        OBJECTIVES.get("sepo")(clip="released")(batch, plain, None, None, counts=AggregationCounts.from_batch(batch))
+    with pytest.raises(ValueError, match="clip"):
+        OBJECTIVES.get("sepo")(clip="batch")

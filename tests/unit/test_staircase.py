@@ -1,4 +1,5 @@
-"""Block diffusion: the one-pass staircase ELBO equals the block-by-block computation.
+"""Block diffusion: the one-pass staircase ELBO equals the block-by-block computation, and the
+`staircase` RL estimator gives SPG's per-token-mean bounds on block models.
 
 The model here is a tiny two-layer attention network (learned position embeddings indexed by
 position_ids, a 4-D boolean attention mask), in float64 so that "equal" can mean 1e-5 or better.
@@ -58,7 +59,7 @@ class TinyAttentionLM(nn.Module):
 
 
 def rule_mask(block_ids: list[list[int]], valid: list[list[bool]], stream: list[str]) -> torch.Tensor:
-    """The staircase rules of ALGORITHMS.md §1.6, entry by entry (stream[j] = "clean" | "noisy")."""
+    """The staircase rules of ddrl.processes.block's module doc, entry by entry (stream[j] = "clean" | "noisy")."""
     B, T2 = len(block_ids), len(stream)
     m = torch.zeros(B, T2, T2, dtype=torch.bool)
     for b, q, k in product(range(B), range(T2), range(T2)):
@@ -173,3 +174,131 @@ def test_block_pretrain_loss_matches_exact_expectation():
     mean, se = chunk_means.mean().item(), chunk_means.std().item() / math.sqrt(n_chunks)
     assert se < 0.03 * exact
     assert abs(mean - exact) < 4 * se, (mean, exact, se)
+
+
+# --------------------------------------------------------------------------------------------
+# The `staircase` RL estimator: SPG's bounds (per-token mean ELBO, EUBO) on block models
+# --------------------------------------------------------------------------------------------
+
+
+def rollout_batch():
+    from ddrl.types import RolloutBatch
+
+    prompt_ids, prompt_mask, completion = left_padded_batch()
+    completion_mask = torch.tensor([[True] * 5, [True] * 4 + [False], [True, True, True, False, False]])
+    return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion,
+                        completion_mask=completion_mask, group_ids=torch.zeros(3, dtype=torch.long),
+                        rewards=torch.tensor([1.0, 0.0, 0.5]), advantages=torch.tensor([0.5, -0.5, 0.0]),
+                        mask_seeds=torch.tensor([0]))
+
+
+def blockwise_token_logps(model, batch, masks, block_size):
+    """log p(x^i | [prompt, clean blocks < b, noisy block b]) per draw, the slow way: [C, B, L]."""
+    from ddrl.processes.block import block_causal_mask, block_ids, completion_blocks, position_ids_from_mask
+
+    B, L = batch.completion_ids.shape
+    key_valid = torch.cat([batch.prompt_mask, torch.ones(B, L, dtype=torch.bool)], 1)
+    blocks, pos = block_ids(key_valid, block_size), position_ids_from_mask(key_valid)
+    rel = completion_blocks(batch.prompt_mask, L, block_size)  # [B, L]
+    out = torch.zeros(masks.shape, dtype=torch.float64)
+    for n, m in enumerate(masks):
+        noisy = torch.where(m, MASK, batch.completion_ids)
+        for b in range(int(rel.max()) + 1):
+            ids = torch.cat([batch.prompt_ids, torch.where(rel < b, batch.completion_ids, noisy)], 1)
+            visible = key_valid & torch.cat([torch.ones_like(batch.prompt_mask), rel <= b], 1)
+            logits = model(ids, attention_mask=block_causal_mask(blocks, visible), position_ids=pos).logits
+            lp = torch.log_softmax(logits[:, -L:].double(), -1).gather(-1, batch.completion_ids[..., None])[..., 0]
+            out[n] = torch.where(rel == b, lp, out[n])
+    return out
+
+
+@pytest.mark.parametrize("block_size", [2, 3])
+def test_staircase_estimator_gives_spg_bounds_of_the_blockwise_model(block_size):
+    from ddrl.estimators.staircase import Staircase
+
+    model, batch = TinyAttentionLM(seed=3), rollout_batch()
+    est = Staircase(block_size=block_size, num_t=3, beta_eubo=1.5)
+    out = est(model, batch, seed=11)
+    masks, rate = est.draw_masks(batch, block_size, seed=11)
+    with torch.no_grad():
+        lp = blockwise_token_logps(model, batch, masks, block_size)
+    real = batch.completion_mask
+    for row in range(3):
+        scored = [masks[n, row] & real[row] for n in range(3)]
+        # ELBO: the unweighted mean over each draw's masked real tokens, averaged over the draws
+        elbo = sum(lp[n, row][scored[n]].mean() for n in range(3)) / 3
+        # EUBO: (1/beta) mean over tokens masked in some draw of log mean_n [m p^beta / t_block]
+        terms = []
+        for i in range(5):
+            if any(s[i] for s in scored):
+                inner = sum(float(scored[n][i]) * math.exp(1.5 * lp[n, row, i]) / rate[n, row, i] for n in range(3)) / 3
+                terms.append(math.log(inner) / 1.5)
+        assert out.extras["elbo"][row].item() == pytest.approx(elbo.item(), abs=1e-5)
+        assert out.extras["eubo"][row].item() == pytest.approx(sum(terms) / len(terms), abs=1e-5)
+    assert torch.equal(out.mask, (masks & real).any(0))
+
+
+def test_staircase_masks_k_of_every_block_uniformly():
+    from ddrl.estimators.staircase import Staircase
+    from ddrl.processes.block import completion_blocks
+
+    batch = rollout_batch()
+    rel = completion_blocks(batch.prompt_mask, 5, 2)  # [B, L]
+    est = Staircase(block_size=2, num_t=1)
+    counts: dict[tuple[int, int], list[int]] = {}
+    for seed in range(300):
+        masks, rate = est.draw_masks(batch, 2, seed)
+        assert not (masks & ~batch.completion_mask).any()
+        for row in range(3):
+            for b in rel[row].unique().tolist():
+                in_b = (rel[row] == b) & batch.completion_mask[row]
+                if not in_b.any():
+                    continue
+                k = int(masks[0, row][in_b].sum())
+                assert 1 <= k <= int(in_b.sum())  # every block with real tokens is scored
+                assert torch.allclose(rate[0, row][in_b], torch.tensor(k / int(in_b.sum())))
+                counts.setdefault((row, int(in_b.sum())), []).append(k)
+    for (_, n), ks in counts.items():  # k ~ U{1..len_b}
+        for k in range(1, n + 1):
+            assert abs(ks.count(k) / len(ks) - 1 / n) < 0.1
+
+
+def test_fresh_mask_log_ratio_is_not_the_noise_of_a_weighted_sum():
+    """The same policy under two fresh mask draws: StableDRL's log-ratio must be small, or the
+    clip + group softmax zeroes most weights. The 1/t-weighted block ELBO fails this by far."""
+    from ddrl.estimators.staircase import Staircase
+
+    model, batch = TinyAttentionLM(seed=4), rollout_batch()
+    est = Staircase(block_size=2)
+    def mean_elbo(seed):
+        return est(model, batch, seed=seed).extras["elbo"]
+
+    def weighted_elbo(seed):
+        return staircase_elbo(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, 2,
+                              generator=torch.Generator().manual_seed(seed), completion_mask=batch.completion_mask)[0]
+
+    with torch.no_grad():
+        mean_ratio = torch.stack([mean_elbo(2 * s) - mean_elbo(2 * s + 1) for s in range(20)])
+        weighted_ratio = torch.stack([weighted_elbo(2 * s) - weighted_elbo(2 * s + 1) for s in range(20)])
+    assert mean_ratio.abs().mean() < 0.25 * weighted_ratio.abs().mean()
+
+
+def test_spg_and_stable_drl_run_on_staircase_and_refuse_an_estimator_without_eubo():
+    from ddrl.estimators.coupled_elbo import CoupledELBO
+    from ddrl.estimators.staircase import Staircase
+    from ddrl.objectives.aggregation import AggregationCounts
+    from ddrl.objectives.spg import SPG
+    from ddrl.objectives.stable_drl import StableDRL
+
+    model, batch = TinyAttentionLM(seed=5), rollout_batch()
+    est = Staircase(block_size=2)
+    for objective in (SPG(), StableDRL()):  # default variant "mix" reads the EUBO
+        objective.check_estimator(est)
+        with pytest.raises(ValueError, match="variant=elbo"):
+            objective.check_estimator(CoupledELBO())
+        old = None if isinstance(objective, SPG) else est(model, batch, seed=1).detach()
+        loss = objective(batch, est(model, batch, seed=2), old, None, counts=AggregationCounts.from_batch(batch)).loss
+        loss.backward()
+        assert torch.isfinite(loss) and model.out.grad.abs().sum() > 0
+        model.zero_grad()
+    type(objective)(variant="elbo").check_estimator(CoupledELBO())  # the ELBO variant needs no EUBO
