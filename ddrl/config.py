@@ -125,6 +125,8 @@ class TrainConfig:
     # are left out of the update, counts included (dLLM-RL's TraceRL/UniGRPO: [0.2, 0.8])
     truncated_reward: float | None = None  # reward of a completion with no stop token (cut at gen_length);
     # None = the task's reward (dLLM-RL scores truncated answers as wrong: 0)
+    truncation_margin: int = 0  # with truncated_reward: also a completion of >= gen_length - margin tokens
+    # (dLLM-RL: 5, counting answers that end at the limit as cut off)
     disable_dropout: bool = True  # dropout off in every RL pass, so old, ref and current passes compute the
     # same function and the ratio is exactly 1 at k = 0; false = dropout on in all of them (d1, TRL)
     skip_uninformative: bool = True  # leave groups whose advantages are all 0 out of the old/ref/update passes

@@ -115,7 +115,10 @@ class EstimatorOutput:
     mask:        [B, L] bool. Positions whose token_logp carries signal (masked-and-scored tokens,
                  or the completion mask for one-step estimators).
     extras:      anything else a method may need: "elbo" [B], "eubo" [B], "logits" [B, L, V],
-                 "weights" [B, L] ...
+                 "weights" [B, L]; "per_draw" [B, M] (coupled_elbo: each Monte-Carlo draw, GDSD
+                 regresses each); "copy_token_logp" / "copy_mask" [C, B, L] (random_ratio: every
+                 masked copy, a training row of UniGRPO); "trace_step" [B, L] long (trace: the
+                 state scoring each token, -1 unscored; a TraceRL training row per state) ...
     """
 
     token_logp: Tensor | None

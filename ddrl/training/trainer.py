@@ -249,6 +249,9 @@ class Trainer:
         truncated = self.cfg.train.truncated_reward
         if truncated is not None:  # no stop token within gen_length: the answer was cut off
             cut = ~is_stop(batch.completion_ids, model_stop_ids(self.model)).any(dim=1)  # [B]
+            margin = self.cfg.train.truncation_margin
+            if margin > 0:  # dLLM-RL: length >= max_gen_length - 5 counts as cut off
+                cut |= batch.completion_mask.sum(dim=1) >= batch.completion_ids.shape[1] - margin
             batch.rewards[cut] = float(truncated)
         invalid = ~torch.isfinite(batch.rewards)
         # "drop": excluded from the group, no loss; "zero": a reward of 0 like any other (d1, wd1)

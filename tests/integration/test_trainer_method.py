@@ -132,3 +132,19 @@ def test_group_filter_and_truncated_reward(tiny_sudoku_model, tmp_path):
     kept = trainer.filter_groups(batch)
     # group 0: 3/4 right (kept, within [0.2, 0.8]); group 1: 4/4 right (left out)
     assert kept.group_ids.tolist() == [0, 0, 0, 0]
+
+
+def test_truncation_margin_counts_answers_at_the_limit_as_cut_off(tiny_sudoku_model, tmp_path):
+    trainer = _trainer(tiny_sudoku_model, tmp_path, "tracerl", "train.truncated_reward=0.0",
+                       "train.truncation_margin=2", "rollout.early_exit=false")
+    batch = trainer.rollout(1)
+    eos, L = trainer.model.tokenizer.eos_token_id, batch.completion_ids.shape[1]
+    batch.completion_ids[:] = eos + 1
+    batch.completion_ids[0, L - 2] = eos  # ends 2 tokens before the limit: within the margin
+    batch.completion_ids[1:, 0] = eos  # the others end at once
+    from ddrl.data import completion_mask, model_stop_ids
+
+    batch.completion_mask = completion_mask(batch.completion_ids, model_stop_ids(trainer.model))
+    trainer.task.reward = lambda completions, **_: [1.0] * len(completions)
+    trainer.score(batch)
+    assert batch.rewards[0].item() == 0.0 and (batch.rewards[1:] == 1.0).all()
