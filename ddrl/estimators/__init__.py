@@ -13,7 +13,7 @@ package registers them all:
     maskgrpo            MaskGRPO AR-like fading masks at ratio_k              1
     stratified          DACA-GRPO stratified pseudo-likelihood [INFERRED]     num_strata
     fpo_elbo            DiPOD-FPO 4-sample ELBO                               num_samples
-    staircase           block-diffusion one-pass ELBO (StableDRL, SDAR)       1 of length 2T
+    staircase           block models: SPG's per-token ELBO + EUBO in one pass  num_t of length 2T
     udm                 UDM-GRPO clean-sample log-prob at re-noised states    num_timesteps
     concrete_score      SEPO concrete scores on Hamming-1 neighbours          (see its module)
 
@@ -25,7 +25,7 @@ from ddrl.estimators.coupled_elbo import CoupledELBO
 from ddrl.estimators.coupled_three_pass import CoupledThreePass
 from ddrl.estimators.dps import denoising_progress_scores
 from ddrl.estimators.fpo_elbo import FPOElbo
-from ddrl.estimators.maskgrpo import MaskGRPO
+from ddrl.estimators.maskgrpo import MaskGRPOEstimator
 from ddrl.estimators.mean_field import MeanField
 from ddrl.estimators.random_ratio import RandomRatio
 from ddrl.estimators.spg import SPGBounds
@@ -35,6 +35,6 @@ from ddrl.estimators.trace import Trace
 from ddrl.estimators.udm import UDM
 
 __all__ = [
-    "CoupledELBO", "CoupledThreePass", "FPOElbo", "MaskGRPO", "MeanField", "RandomRatio", "SPGBounds",
+    "CoupledELBO", "CoupledThreePass", "FPOElbo", "MaskGRPOEstimator", "MeanField", "RandomRatio", "SPGBounds",
     "Staircase", "Stratified", "Trace", "UDM", "denoising_progress_scores",
 ]

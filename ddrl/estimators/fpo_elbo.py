@@ -2,7 +2,7 @@
 
 Jiang et al., "DiPOD: Diffusion Policy Optimization without Drifting Apart", arXiv 2606.13795
 (Astro-Eric/DiPOD-release language/d1/diffu-grpo/diffu_grpo_trainer.py `_get_sequence_elbo`).
-ALGORITHMS.md §9.
+See docs/methods.md.
 
     u_n ~ U(0, 1),  k_n = max(min_masked, floor(u_n * Lc)),  S_n = k_n uniformly random real completion positions
     ELBO(x) = mean_{n=1..num_samples} (Lc / max(k_n, 1)) * sum_{i in S_n} log p_theta(x^i | x with S_n masked, c)
@@ -15,6 +15,12 @@ the fully-masked count is never drawn. So with min_masked = 0 the estimator is u
 LLaDA's discrete ELBO without its k = Lc term (tested by exact enumeration).
 token_logp holds each token's share (Lc/k_n) log p averaged over draws (0 where never masked), so it
 sums to seq_logp.
+
+exclude_eos=True: as released, whose completion mask stops BEFORE the first EOS, the EOS token is
+never masked nor scored and Lc counts the tokens before it (a row without EOS keeps all L). The
+stop ids are the model's (`ddrl.data.model_stop_ids`). FPO and DiPOD set it by default
+(their default_estimator_args). The released trainer draws these masks once per rollout and
+reuses them for every inner iteration (the objectives' `reuse_masks`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ddrl.estimators.common import completion_lengths, generator_from_seed, noised_forward, random_subset_mask, uniform
+from ddrl.data import is_stop, model_stop_ids
+from ddrl.estimators.common import generator_from_seed, noised_forward, random_subset_mask, uniform
 from ddrl.registry import ESTIMATORS
 from ddrl.types import EstimatorOutput, RolloutBatch
 
@@ -35,6 +42,7 @@ from ddrl.types import EstimatorOutput, RolloutBatch
 class FPOElbo:
     num_samples: int = 4  # random masks per sequence (DiPOD: elbo_num_samples = 4)
     min_masked: int = 0  # k_n = max(min_masked, floor(u_n Lc)); 0 = DiPOD's code (k = 0 draws contribute 0)
+    exclude_eos: bool = False  # True = released: the first stop token is neither masked nor counted in Lc
     rows_per_call: int | None = None  # at most this many sequences per forward call (memory); None = one call
 
     name: ClassVar[str] = "fpo_elbo"
@@ -43,25 +51,35 @@ class FPOElbo:
     passes: ClassVar[str] = "num_samples"
     needs_trajectory: ClassVar[bool] = False
 
-    def draw_masks(self, batch: RolloutBatch, seed: int) -> Tensor:
-        """The draws' masked sets S_n, [num_samples, B, L] bool."""
+    def eligible(self, batch: RolloutBatch, model=None) -> Tensor:
+        """[B, L] bool: the positions a draw may mask (the completion, without its EOS if exclude_eos)."""
+        real = batch.completion_mask.bool()
+        if not self.exclude_eos:
+            return real
+        if model is None:
+            raise ValueError("fpo_elbo with exclude_eos=True needs the model, whose stop ids mark the EOS")
+        return real & ~is_stop(batch.completion_ids, model_stop_ids(model))
+
+    def draw_masks(self, batch: RolloutBatch, seed: int, model=None) -> Tensor:
+        """The draws' masked sets S_n, [num_samples, B, L] bool (model: for exclude_eos's stop ids)."""
         g = generator_from_seed(seed)
         B = batch.completion_ids.shape[0]
-        lengths = completion_lengths(batch)  # [B]
+        eligible = self.eligible(batch, model)
+        lengths = eligible.long().sum(1)  # [B] Lc
         k = (uniform((self.num_samples, B), g, lengths.device) * lengths).long()  # [N, B] in {0..Lc-1}
         k = k.clamp(min=self.min_masked)
-        real = batch.completion_mask.bool()[None].expand(self.num_samples, -1, -1)
-        return random_subset_mask(k, real, g)
+        return random_subset_mask(k, eligible[None].expand(self.num_samples, -1, -1), g)
 
     def score(self, model, batch: RolloutBatch, masks: Tensor) -> EstimatorOutput:
-        """The ELBO for given masked sets S_n [N, B, L]."""
-        masks = masks & batch.completion_mask.bool()[None]
+        """The ELBO for given masked sets S_n [N, B, L] (k_n = |S_n|)."""
+        eligible = self.eligible(batch, model)
+        masks = masks & eligible[None]
         lp = noised_forward(model, batch, None, masks, rows_per_call=self.rows_per_call)  # [N, B, L]
         k = masks.float().sum(-1, keepdim=True)  # [N, B, 1]
-        weight = completion_lengths(batch).float()[None, :, None] / k.clamp(min=1)
+        weight = eligible.float().sum(1)[None, :, None] / k.clamp(min=1)
         token_logp = torch.where(masks, lp * weight, 0.0).mean(0)  # [B, L]
         seq = token_logp.sum(1)
         return EstimatorOutput(token_logp=token_logp, seq_logp=seq, mask=masks.any(0), extras={"elbo": seq})
 
     def __call__(self, model, batch: RolloutBatch, seed: int) -> EstimatorOutput:
-        return self.score(model, batch, self.draw_masks(batch, seed))
+        return self.score(model, batch, self.draw_masks(batch, seed, model))

@@ -1,7 +1,7 @@
 """UDM-GRPO's log-prob of the final clean sample, at states re-noised by the forward process.
 
 Wang et al., "UDM-GRPO", arXiv 2604.18518 (Yovecent/UDM-GRPO diffnext/pipelines/ursa/pipeline_grpo.py
-:144-176, :236-256). ALGORITHMS.md §3.
+:144-176, :236-256). See docs/methods.md.
 
 The action is the final clean completion x0 (all image tokens). For each of a few noise levels t,
 a fresh noisy state is drawn from the model's own uniform forward process, x~_t ~ q_t(. | x0)

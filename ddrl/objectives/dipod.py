@@ -1,7 +1,9 @@
 """DiPOD's on-policy ELBO regulariser, composable with any objective.
 
 Paper: Jiang, Feng, Abbeel, Jiao, Kanazawa, Haghtalab, "DiPOD: Diffusion Policy Optimization without
-Drifting Apart", arXiv 2606.13795. Code: Astro-Eric/DiPOD-release (via a public mirror). §9.
+Drifting Apart", arXiv 2606.13795. Code: Astro-Eric/DiPOD-release (via a public mirror,
+language/d1/diffu-grpo/diffu_grpo_trainer.py `compute_loss`: `- current_elbos.mean() * dipod_beta`).
+See docs/methods.md.
 
 Optimising a variational surrogate lets the ELBO drift away from the true log-likelihood, and the
 proxy gradient with it ("double drift"). DiPOD keeps the bound tight by maximising the ELBO of the
@@ -10,9 +12,11 @@ policy's own current samples next to each policy-gradient step:
     L_DiPOD = L_base + λ·mean_i(-ELBO_θ(x_i)),      λ = 0.05 (README: re-tune around 0.05 on other hardware)
 
 ELBO_θ is the estimator's extras["elbo"] if present, else its seq_logp. "dipod" is FPO + this term
-(the released d1-based recipe); `with_elbo_regulariser(objective, lam)` adds it to any objective
-(e.g. SPG: note the released SPG+DiPOD weights the term by length, Σ_i(-ELBO_i)·len_i/Σlen, while this
-wrapper uses the plain sequence mean).
+(the released d1-based recipe; it inherits FPO's mask reuse across inner iterations and EOS
+exclusion, both as released, golden test tests/unit/test_golden_dipod.py);
+`with_elbo_regulariser(objective, lam)` adds it to any objective (e.g. SPG: note the released
+SPG+DiPOD weights the term by length, Σ_i(-ELBO_i)·len_i/Σlen, while this wrapper uses the plain
+sequence mean).
 """
 
 from __future__ import annotations

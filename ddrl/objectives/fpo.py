@@ -2,13 +2,20 @@
 
 Paper: Jiang, Feng, Abbeel, Jiao, Kanazawa, Haghtalab, "DiPOD: Diffusion Policy Optimization without
 Drifting Apart", arXiv 2606.13795. Code: Astro-Eric/DiPOD-release (language/d1/diffu-grpo,
-`fpo: True`, `_get_sequence_elbo`, `compute_loss`), read via a public mirror. ALGORITHMS.md §9.
+`fpo: True`, `_get_sequence_elbo`, `compute_loss`), read via a public mirror. See docs/methods.md.
 
     ELBO_θ(x) = mean_{n=1..4} (L_c/k_n) Σ_{i∈S_n} log p_θ(x^i | x with S_n masked, c)
-                (`fpo_elbo`; the same masks for old and θ)
+                (`fpo_elbo`; the same masks for old, reference and θ, and for every inner iteration)
     ρ_i = exp(ELBO_θ(x_i) - ELBO_old(x_i))            sequence level, NOT length-normalised
     L   = -mean_i min(ρ_i A_i, clip(ρ_i, 1±ε) A_i) + β·mean_i (ELBO_θ - ELBO_ref)(x_i)    (k1 KL)
     ε = 0.5, β = 0.04 (d1's train.yaml, on which the FPO code is built); A = r - mean_group(r)
+
+As released (golden test tests/unit/test_golden_dipod.py, which runs their compute_loss): the S_n
+are drawn ONCE per rollout, at the behaviour pass, and reused for all μ inner updates
+(`reuse_masks`: the trainer gives every inner iteration the mask seed of iteration 0), and the
+completion mask stops before the first EOS (`fpo_elbo` exclude_eos=True, the default here). The
+released mean is over the micro-batch's rows; here over the step's rows (the same for equal
+micro-batches without invalid rewards).
 
 Note: k1 used as a loss pushes the current ELBO of the policy's own samples down (its expectation
 is a KL only under sampling from π_θ, which the loss does not differentiate); it is kept as
@@ -43,8 +50,12 @@ class FPO(Objective):
     paper: ClassVar[str] = "DiPOD-FPO, Jiang et al., arXiv 2606.13795"
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A), ρ = exp(ELBO_θ - ELBO_old), seq. mean; + β·(ELBO_θ - ELBO_ref)"
     default_estimator: ClassVar[str] = "fpo_elbo"
+    default_estimator_args: ClassVar[dict] = {"exclude_eos": True}  # released: EOS neither masked nor counted
     default_advantage: ClassVar[str] = "mean"
     needs_old: ClassVar[bool] = True
+    # One mask set per rollout, reused by every inner iteration (released: stored at the behaviour pass);
+    # the trainer must then pass every iteration the mask seed of iteration 0.
+    reuse_masks: ClassVar[bool] = True
     advantage_weighted: ClassVar[bool] = True
 
     epsilon: float = 0.5  # clip range ε on the (unnormalised) sequence ratio

@@ -1,14 +1,21 @@
 """UDM-GRPO: on-policy GRPO for uniform discrete diffusion with the final clean sample as action.
 
 Paper: Wang, Deng, Pan, Liu, Wang, Zhang, Qi, Wang, "UDM-GRPO", arXiv 2604.18518 (ICML 2026).
-Code: Yovecent/UDM-GRPO (diffnext/pipelines/ursa/pipeline_grpo.py:236-256). ALGORITHMS.md §3.
+Code: Yovecent/UDM-GRPO (diffnext/pipelines/ursa/pipeline_grpo.py `postprocess`, driven by
+diffnext/engine/train_engine.py). See docs/methods.md.
 
     for each selected timestep t (the `udm` estimator re-noises x_0 with the forward process):
         lp_b(t) = (1/N) Σ_i log p_θ(x_0^{b,i} | x̃_t, c)    per-image mean, extras["per_timestep"] [B, n_t]
         ρ_b(t)  = exp(lp_b(t) - sg(lp_b(t)))   ≡ 1, with gradient ∇lp   (strictly on-policy: old = sg(current))
         L_t     = -mean_b A_b ρ_b(t) + β·mean_b k3(lp_ref,b(t), lp_b(t))
-    L = Σ_t L_t      (the released code backpropagates each timestep separately, accumulating the sum)
-    A = z-score within the group (std + 1e-4), clipped to ±5;  β = 0.05, reference = frozen initial model
+    L = (1/n_t) Σ_t L_t
+    A = (r - mean_group r) / (population std_group r + 1e-4), clipped to ±5;  β = 0.05,
+    reference = frozen initial model
+
+As released: each timestep is one micro-batch of their trainer, and accelerate divides every
+micro-batch's loss by the accumulation count (= n_t), so the step's gradient is the mean over the
+timesteps, not their sum; the group std is numpy's default (population, ddof 0). The golden test
+(tests/unit/test_golden_udm_grpo.py) replays one whole optimizer step of their trainer.
 
 Deviation: the released PPO clip (ratio_clipping = 1e-4) is inert because ρ ≡ 1 and is omitted.
 Without extras["per_timestep"] the estimator's seq_logp is used as a single timestep.
@@ -43,10 +50,11 @@ def per_timestep_logp(out: EstimatorOutput) -> Tensor:
 class UDMGRPO(Objective):
     name: ClassVar[str] = "udm_grpo"
     paper: ClassVar[str] = "UDM-GRPO, Wang et al., arXiv 2604.18518"
-    formula: ClassVar[str] = "Σ_t [-mean_b A·exp(lp-sg(lp)) + β·k3(ref,θ)], lp = per-image mean log p(x_0|x̃_t)"
+    formula: ClassVar[str] = "mean_t [-mean_b A·exp(lp-sg(lp)) + β·k3(ref,θ)], lp = per-image mean log p(x_0|x̃_t)"
     default_estimator: ClassVar[str] = "udm"
     default_advantage: ClassVar[str] = "zscore"
     default_advantage_clip: ClassVar[float | None] = 5.0
+    default_advantage_std: ClassVar[str] = "population"  # numpy's std (ddof 0), pipeline_grpo.py process_rewards
     on_policy: ClassVar[bool] = True
     advantage_weighted: ClassVar[bool] = True
 
@@ -58,11 +66,11 @@ class UDMGRPO(Objective):
         logp = per_timestep_logp(new)  # [B, n_t]
         ratio = torch.exp(logp - logp.detach())  # ≡ 1, carries ∇logp
         adv = batch.advantages.to(logp.dtype)[:, None]
-        loss = sequence_mean(-(adv * ratio).sum(1), counts, valid)
+        loss = sequence_mean(-(adv * ratio).mean(1), counts, valid)  # mean over timesteps, as accumulated
         stats = {"logp_mean": masked_stat(logp.mean(1), valid)}
         if self.beta > 0:
             ref_logp = per_timestep_logp(require_ref(ref, self.name)).detach()
-            per_row_kl = kl(logp, ref_logp, "k3").sum(1)  # [B]
+            per_row_kl = kl(logp, ref_logp, "k3").mean(1)  # [B], mean over timesteps
             loss = loss + self.beta * sequence_mean(per_row_kl, counts, valid)
             stats["kl"] = masked_stat(per_row_kl, valid)
         return LossOutput(loss, stats)

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from ddrl import registry
-from ddrl.estimators import (UDM, CoupledELBO, CoupledThreePass, FPOElbo, MaskGRPO, MeanField, RandomRatio, SPGBounds,
-                             Staircase, Stratified, Trace)
+from ddrl.estimators import (UDM, CoupledELBO, CoupledThreePass, FPOElbo, MaskGRPOEstimator, MeanField,
+                             RandomRatio, SPGBounds, Staircase, Stratified, Trace)
 from ddrl.estimators.maskgrpo import maskgrpo_ratio
 from ddrl.estimators.trace import merged_steps
 from ddrl.registry import ESTIMATORS
@@ -422,7 +422,7 @@ def test_maskgrpo_masked_fraction_matches_ratio(model, mode):
     batch = make_batch(torch.randint(2, 11, (B, 4), generator=g), torch.ones(B, 4, dtype=torch.bool),
                        torch.randint(2, 11, (B, L), generator=g), torch.ones(B, L, dtype=torch.bool),
                        mask_seeds=(11, 12, 13, 14))
-    est = MaskGRPO(gamma=0.6, mode=mode)
+    est = MaskGRPOEstimator(gamma=0.6, mode=mode)
     for k, seed in enumerate((11, 12, 13)):  # ratios 0.7, 0.8, 0.9; k found from the seed's position
         with torch.no_grad():
             out = est(model, batch, seed)
@@ -437,7 +437,7 @@ def test_maskgrpo_arlike_masks_later_tokens_more(model):
     B, L = 128, 40
     batch = make_batch(torch.full((B, 2), 4), torch.ones(B, 2, dtype=torch.bool), torch.full((B, L), 5),
                        torch.ones(B, L, dtype=torch.bool))
-    masked = MaskGRPO(gamma=0.6).draw_mask(batch, ratio=0.7, seed=0).float().mean(0)
+    masked = MaskGRPOEstimator(gamma=0.6).draw_mask(batch, ratio=0.7, seed=0).float().mean(0)
     assert masked[:10].mean() < 0.6 < 0.8 < masked[-10:].mean()
 
 
@@ -560,7 +560,7 @@ def all_estimators():
         ("coupled_three_pass", CoupledThreePass(), False, tiny_batch),
         ("spg", SPGBounds(block_length=2), False, tiny_batch),
         ("trace", Trace(), False, with_traj),
-        ("maskgrpo", MaskGRPO(num_iterations=4), False, tiny_batch),
+        ("maskgrpo", MaskGRPOEstimator(num_iterations=4), False, tiny_batch),
         ("stratified", Stratified(num_strata=2), False, tiny_batch),
         ("fpo_elbo", FPOElbo(min_masked=1), False, tiny_batch),
         ("udm", UDM(), True, uniform_batch),

@@ -348,8 +348,9 @@ def test_gdsd_hand_computed():
 
 
 def test_udm_grpo_hand_computed():
-    # lp = per-image mean log-probs at 2 timesteps; ρ ≡ 1 so the PG value is -mean_b A_b·n_t = 0 here;
-    # KL k3(ref, θ) summed over timesteps: (1 - ln2) + (ln2 - .5) = .5, / 4, β = .05
+    # lp = per-image mean log-probs at 2 timesteps; ρ ≡ 1 so the PG value is -mean_b A_b = 0 here;
+    # KL k3(ref, θ) over timesteps: (1 - ln2) + (ln2 - .5) = .5, / 4 rows, / 2 timesteps (the released
+    # code averages them: one accumulation micro-batch each), β = .05
     lp = torch.tensor([[-1.0, -2.0], [-1.5, -1.0], [-2.0, -2.0], [-1.0, -3.0]], requires_grad=True)
     delta = torch.tensor([[0.0, LN2], [0.0, 0.0], [-LN2, 0.0], [0.0, 0.0]])
     new = EstimatorOutput(None, lp.mean(1), torch.ones(4, 3, dtype=torch.bool), {"per_timestep": lp})
@@ -357,12 +358,12 @@ def test_udm_grpo_hand_computed():
     batch = make_batch()
     obj = objective("udm_grpo")
     out = obj(batch, new, None, ref, counts=counts_of(batch))
-    assert out.loss.item() == pytest.approx(0.05 * 0.5 / 4, abs=1e-7)
+    assert out.loss.item() == pytest.approx(0.05 * 0.5 / 4 / 2, abs=1e-7)
     out.loss.backward()
-    # d/dlp: -A/4 + β·(1 - e^Δ)/4
-    assert lp.grad[0, 1].item() == pytest.approx(-1 / 4 + 0.05 * (1 - 2) / 4, abs=1e-6)
-    assert lp.grad[1, 0].item() == pytest.approx(1 / 4, abs=1e-6)
-    assert lp.grad[2, 0].item() == pytest.approx(-0.5 / 4 + 0.05 * (1 - 0.5) / 4, abs=1e-6)
+    # d/dlp: (-A/4 + β·(1 - e^Δ)/4) / 2
+    assert lp.grad[0, 1].item() == pytest.approx((-1 / 4 + 0.05 * (1 - 2) / 4) / 2, abs=1e-6)
+    assert lp.grad[1, 0].item() == pytest.approx(1 / 4 / 2, abs=1e-6)
+    assert lp.grad[2, 0].item() == pytest.approx((-0.5 / 4 + 0.05 * (1 - 0.5) / 4) / 2, abs=1e-6)
     assert obj.on_policy and not obj.needs_old and obj.needs_ref and obj.default_advantage_clip == 5.0
 
 
