@@ -43,7 +43,6 @@ from ddrl.objectives.aggregation import (
     token_mean,
 )
 from ddrl.objectives.base import Objective, inject_ratio_noise
-from ddrl.objectives.dipod import with_elbo_regulariser
 from ddrl.objectives.kl import kl
 from ddrl.registry import OBJECTIVES
 
@@ -60,7 +59,6 @@ __all__ = [
     "sequence_token_mean",
     "sequence_token_sum",
     "token_mean",
-    "with_elbo_regulariser",
 ]
 
 

@@ -1,4 +1,4 @@
-"""DiPOD's on-policy ELBO regulariser, composable with any objective.
+"""DiPOD: FPO plus an on-policy ELBO regulariser, which also composes with any objective.
 
 Paper: Jiang, Feng, Abbeel, Jiao, Kanazawa, Haghtalab, "DiPOD: Diffusion Policy Optimization without
 Drifting Apart", arXiv 2606.13795. Code: Astro-Eric/DiPOD-release (via a public mirror,
@@ -14,15 +14,15 @@ policy's own current samples next to each policy-gradient step:
 ELBO_θ is the estimator's extras["elbo"] if present, else its seq_logp. "dipod" is FPO + this term
 (the released d1-based recipe; it inherits FPO's mask reuse across inner iterations and EOS
 exclusion, both as released, golden test tests/unit/test_golden_dipod.py);
-`with_elbo_regulariser(objective, lam)` adds it to any objective (e.g. SPG: note the released
-SPG+DiPOD weights the term by length, Σ_i(-ELBO_i)·len_i/Σlen, while this wrapper uses the plain
-sequence mean).
+`method.elbo_reg=λ` adds the same term to any other objective (ddrl.training.method.Method.loss;
+e.g. SPG: note the released SPG+DiPOD weights the term by length, Σ_i(-ELBO_i)·len_i/Σlen, while
+ddrl uses the plain sequence mean). Both go through `add_elbo_regulariser`, the one implementation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from torch import Tensor
 
@@ -44,38 +44,6 @@ def add_elbo_regulariser(out: LossOutput, batch: RolloutBatch, new: EstimatorOut
         return out
     reg = elbo_regulariser(batch, new, counts)
     return LossOutput(out.loss + lam * reg, {**out.stats, "elbo_reg": reg.detach()})
-
-
-class ELBORegularised:
-    """`objective` with DiPOD's + λ·mean(-ELBO_θ) term; every other attribute is the objective's."""
-
-    advantage_weighted = False  # the regulariser acts on every row, whatever its advantage
-
-    def __init__(self, objective: Any, lam: float):
-        self.objective = objective
-        self.lam = float(lam)
-
-    def __getattr__(self, name: str) -> Any:  # needs_old, default_estimator, ... come from the objective
-        if name == "objective":
-            raise AttributeError(name)
-        return getattr(self.objective, name)
-
-    @property
-    def formula(self) -> str:
-        return f"{self.objective.formula} + λ·mean(-ELBO_θ), λ = {self.lam:g}"
-
-    def __call__(self, batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutput | None,
-                 ref: EstimatorOutput | None, *, counts: AggregationCounts) -> LossOutput:
-        out = self.objective(batch, new, old, ref, counts=counts)
-        return add_elbo_regulariser(out, batch, new, self.lam, counts)
-
-    def __repr__(self) -> str:
-        return f"ELBORegularised({self.objective!r}, lam={self.lam:g})"
-
-
-def with_elbo_regulariser(objective: Any, lam: float) -> Any:
-    """Wrap any objective with DiPOD's on-policy ELBO regulariser (the objective itself if lam = 0)."""
-    return objective if lam == 0.0 else ELBORegularised(objective, lam)
 
 
 @OBJECTIVES.register("dipod")

@@ -13,8 +13,6 @@ each micro-step's loss and gradient.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -27,13 +25,10 @@ from ddrl.objectives import AggregationCounts
 from ddrl.objectives.advantages import compute_advantages
 from ddrl.registry import OBJECTIVES
 from ddrl.types import RolloutBatch
+from tests.fixtures.methods.method_common import load
 
-_spec = importlib.util.spec_from_file_location(
-    "method_common", Path(__file__).resolve().parents[1] / "fixtures" / "methods" / "method_common.py")
-method_common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(method_common)
 
-TENSORS, META = method_common.load("coupled_grpo")
+TENSORS, META = load("coupled_grpo")
 SET = META["settings"]
 MICRO, GAS, MU = SET["per_device_batch"], SET["gradient_accumulation_steps"], SET["num_iterations"]
 STEPS = GAS * MU

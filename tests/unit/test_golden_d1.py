@@ -14,7 +14,6 @@ default aggregation (global token mean) must not, since the two micro-batches ha
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -24,19 +23,13 @@ from ddrl.objectives import AggregationCounts, compute_advantages
 from ddrl.registry import OBJECTIVES
 from ddrl.rewards.composite import CompositeReward
 from ddrl.types import EstimatorOutput, RolloutBatch
+from tests.fixtures.methods.method_common import load
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "methods"
 TOL = {"atol": 1e-6, "rtol": 1e-6}
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location("method_common", FIXTURES / "method_common.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.load(name)
-
-
-TENSORS, META = _load("d1")
+TENSORS, META = load("d1")
 S = META["settings"]
 G, GA = S["num_generations"], S["gradient_accumulation_steps"]
 

@@ -13,7 +13,6 @@ groups) and gradients to 1e-6, and the objectives must declare the mask reuse.
 
 from __future__ import annotations
 
-import importlib.util
 import types
 from pathlib import Path
 
@@ -25,19 +24,13 @@ from ddrl.estimators import FPOElbo
 from ddrl.objectives import AggregationCounts, compute_advantages
 from ddrl.registry import OBJECTIVES
 from ddrl.types import EstimatorOutput, RolloutBatch
+from tests.fixtures.methods.method_common import load
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "methods"
 TOL = {"atol": 1e-6, "rtol": 1e-6}
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location("method_common", FIXTURES / "method_common.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.load(name)
-
-
-TENSORS, META = _load("dipod")
+TENSORS, META = load("dipod")
 S = META["settings"]
 MU, GROUPS = S["num_iterations"], S["groups"]
 METHODS = {"dipod": {"elbo_reg": S["dipod_beta"]}, "fpo": {}}

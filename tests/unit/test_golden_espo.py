@@ -24,10 +24,10 @@ from ddrl.estimators.coupled_elbo import CoupledELBO
 from ddrl.objectives.aggregation import AggregationCounts
 from ddrl.objectives.espo import ESPO
 from ddrl.types import EstimatorOutput, RolloutBatch
+from tests.fixtures.methods.method_common import load
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "methods"))
 from make_espo import ToyDenoiser  # noqa: E402
-from method_common import load  # noqa: E402
 
 T, META = load("espo")
 S = META["settings"]

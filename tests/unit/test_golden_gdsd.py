@@ -26,10 +26,10 @@ from ddrl.estimators.coupled_elbo import CoupledELBO
 from ddrl.objectives.aggregation import AggregationCounts
 from ddrl.registry import OBJECTIVES
 from ddrl.types import EstimatorOutput, RolloutBatch
+from tests.fixtures.methods.method_common import load
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "methods"))
 from make_espo import ToyDenoiser  # noqa: E402
-from method_common import load  # noqa: E402
 
 FIXTURES = {name: load(name) for name in ("gdsd", "gdsd_tlc")}
 CASES = [("gdsd", ""), ("gdsd", "onpolicy_"), ("gdsd_tlc", "")]

@@ -14,7 +14,6 @@ default (paper) form must differ, since it scores only iteration k's masked real
 
 from __future__ import annotations
 
-import importlib.util
 import types
 from pathlib import Path
 
@@ -27,19 +26,13 @@ from ddrl.estimators.maskgrpo import maskgrpo_ratio
 from ddrl.objectives import AggregationCounts, compute_advantages
 from ddrl.registry import OBJECTIVES
 from ddrl.types import RolloutBatch
+from tests.fixtures.methods.method_common import load
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "methods"
 TOL = {"atol": 1e-6, "rtol": 1e-6}
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location("method_common", FIXTURES / "method_common.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.load(name)
-
-
-TENSORS, META = _load("maskgrpo")
+TENSORS, META = load("maskgrpo")
 S = META["settings"]
 MU, GROUPS = S["num_iterations"], S["groups"]
 

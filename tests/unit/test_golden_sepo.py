@@ -9,8 +9,6 @@ d loss / d log-scores. ddrl's objective gets exactly those tensors as estimator 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import torch
 
@@ -20,13 +18,10 @@ from ddrl.objectives.advantages import compute_advantages
 from ddrl.objectives.sepo import rank_in_group, released_surrogates
 from ddrl.registry import OBJECTIVES
 from ddrl.types import EstimatorOutput, RolloutBatch
+from tests.fixtures.methods.method_common import load
 
-_spec = importlib.util.spec_from_file_location(
-    "method_common", Path(__file__).resolve().parents[1] / "fixtures" / "methods" / "method_common.py")
-method_common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(method_common)
 
-TENSORS, META = method_common.load("sepo")
+TENSORS, META = load("sepo")
 G, B, L = META["settings"]["G"], META["settings"]["B"], META["settings"]["L"]
 
 

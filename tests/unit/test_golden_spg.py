@@ -11,9 +11,7 @@ default ("token_mean") divides by the step's token count.
 
 from __future__ import annotations
 
-import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,9 +20,8 @@ from ddrl.estimators.spg import SPGBounds
 from ddrl.objectives.aggregation import AggregationCounts
 from ddrl.objectives.spg import SPG
 from ddrl.types import RolloutBatch
+from tests.fixtures.methods.method_common import load
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "methods"))
-from method_common import load  # noqa: E402
 
 TENSORS, META = load("spg")
 S = META["settings"]

@@ -13,9 +13,7 @@ fresh seed). Both are injected into ddrl:
 
 from __future__ import annotations
 
-import sys
 import types
-from pathlib import Path
 
 import torch
 
@@ -24,9 +22,8 @@ from ddrl.estimators.staircase import Staircase
 from ddrl.objectives.aggregation import AggregationCounts
 from ddrl.objectives.stable_drl import StableDRL
 from ddrl.types import EstimatorOutput, RolloutBatch
+from tests.fixtures.methods.method_common import load
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "methods"))
-from method_common import load  # noqa: E402
 
 TENSORS, META = load("stable_drl")
 S = META["settings"]

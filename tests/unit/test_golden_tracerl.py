@@ -12,21 +12,17 @@ and that TraceRL gives their loss and gradient (w.r.t. the logits) to 1e-6 in fl
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "methods"))
-from method_common import load  # noqa: E402
-
-from ddrl.estimators.trace import Trace  # noqa: E402
-from ddrl.objectives import AggregationCounts, compute_advantages  # noqa: E402
-from ddrl.objectives.advantages import groups_in_band  # noqa: E402
-from ddrl.registry import OBJECTIVES  # noqa: E402
-from ddrl.types import EstimatorOutput, RolloutBatch, Trajectory  # noqa: E402
+from ddrl.estimators.trace import Trace
+from ddrl.objectives import AggregationCounts, compute_advantages
+from ddrl.objectives.advantages import groups_in_band
+from ddrl.registry import OBJECTIVES
+from ddrl.types import EstimatorOutput, RolloutBatch, Trajectory
+from tests.fixtures.methods.method_common import load
 
 T, META = load("tracerl")
 S = META["settings"]

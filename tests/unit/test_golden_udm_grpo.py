@@ -12,7 +12,6 @@ gradient, to 1e-6. Summing the timesteps instead (ddrl before issue 14) gives 3x
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
@@ -21,19 +20,13 @@ from ddrl.estimators.common import token_logprobs
 from ddrl.objectives import AggregationCounts, compute_advantages
 from ddrl.registry import OBJECTIVES
 from ddrl.types import EstimatorOutput, RolloutBatch
+from tests.fixtures.methods.method_common import load
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "methods"
 TOL = {"atol": 1e-6, "rtol": 1e-6}
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location("method_common", FIXTURES / "method_common.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.load(name)
-
-
-TENSORS, META = _load("udm_grpo")
+TENSORS, META = load("udm_grpo")
 S = META["settings"]
 
 

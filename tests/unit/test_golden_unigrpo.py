@@ -10,20 +10,16 @@ w.r.t. the logits to 1e-6 in float64, scoring every copy as its own row.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "methods"))
-from method_common import load  # noqa: E402
-
-from ddrl.estimators.random_ratio import RandomRatio  # noqa: E402
-from ddrl.objectives import AggregationCounts  # noqa: E402
-from ddrl.registry import OBJECTIVES  # noqa: E402
-from ddrl.types import EstimatorOutput, RolloutBatch  # noqa: E402
+from ddrl.estimators.random_ratio import RandomRatio
+from ddrl.objectives import AggregationCounts
+from ddrl.registry import OBJECTIVES
+from ddrl.types import EstimatorOutput, RolloutBatch
+from tests.fixtures.methods.method_common import load
 
 T, META = load("unigrpo")
 S = META["settings"]

@@ -17,7 +17,6 @@ from ddrl.objectives import (
     describe_methods,
     inject_ratio_noise,
     kl,
-    with_elbo_regulariser,
 )
 from ddrl.objectives.aggregation import (
     group_mean,
@@ -313,15 +312,17 @@ def test_fpo_and_dipod_hand_computed():
     assert fpo.loss.item() == pytest.approx(1.1 / 4 + 0.04 * 0.75, abs=1e-6)
     dipod = objective("dipod")(batch, new, old, ref, counts=counts_of(batch))
     assert dipod.loss.item() == pytest.approx(1.1 / 4 + 0.04 * 0.75 + 0.05 * 2.5, abs=1e-6)
-    wrapped = with_elbo_regulariser(objective("fpo"), 0.05)
-    assert wrapped(batch, new, old, ref, counts=counts_of(batch)).loss.item() == pytest.approx(dipod.loss.item())
-    assert wrapped.needs_old and wrapped.default_estimator == "fpo_elbo"
-    # the wrapper composes with any objective: SPG + λ·mean(-ELBO)
-    spg = with_elbo_regulariser(objective("spg"), 0.1)
-    spg_out = spg(batch, est(elbo=ELBO, eubo=EUBO), None, None, counts=counts_of(batch))
+    # method.elbo_reg adds the same term to any objective, through the Method (one implementation)
+    from ddrl.training.method import AdvantageSpec, Method
+
+    adv = AdvantageSpec("mean", "sample", 1e-4, None, "drop")
+    fpo_reg = Method(objective("fpo"), None, adv, elbo_reg=0.05).loss(batch, new, old, ref, counts_of(batch))
+    assert fpo_reg.loss.item() == pytest.approx(dipod.loss.item())
+    spg_reg = Method(objective("spg"), None, adv, elbo_reg=0.1)
+    spg_out = spg_reg.loss(batch, est(elbo=ELBO, eubo=EUBO), None, None, counts_of(batch))
     plain = objective("spg")(batch, est(elbo=ELBO, eubo=EUBO), None, None, counts=counts_of(batch))
     assert spg_out.loss.item() == pytest.approx(plain.loss.item() + 0.1 * 2.5, abs=1e-6)
-    assert with_elbo_regulariser(plain, 0.0) is plain
+    assert not spg_reg.skip_safe  # the regulariser acts on every row
 
 
 def test_gdsd_hand_computed():
