@@ -32,6 +32,7 @@ from ddrl.registry import OBJECTIVES
 class CoupledGRPO(TokenPPO):
     name: ClassVar[str] = "coupled_grpo"
     paper: ClassVar[str] = "coupled-GRPO (DiffuCoder), Gong et al., arXiv 2506.20639"
+    source: ClassVar[str] = "apple/ml-diffucoder@f735e01 src/open_r1/coupled_grpo.py DiffuGRPOTrainer.compute_loss"
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A) + β·k3 per token on coupled 3-pass log-probs, token mean"
     default_estimator: ClassVar[str] = "coupled_three_pass"
     default_advantage: ClassVar[str] = "loo"

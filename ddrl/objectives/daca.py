@@ -30,6 +30,7 @@ from ddrl.types import RolloutBatch
 class DACAGRPO(GRPO):
     name: ClassVar[str] = "daca_grpo"
     paper: ClassVar[str] = "DACA-GRPO, Karimi Monsefi et al., arXiv 2605.16342 (inferred; no code)"
+    source: ClassVar[str] = "none released (reconstructed from the abstract)"
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A)·w_DPS + β·k3 per token, token mean; stratified log-probs"
     default_estimator: ClassVar[str] = "stratified"
 

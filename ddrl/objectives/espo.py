@@ -48,6 +48,7 @@ from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
 class ESPO(Objective):
     name: ClassVar[str] = "espo"
     paper: ClassVar[str] = "ESPO, Ou et al., arXiv 2512.03759"
+    source: ClassVar[str] = "ML-GSAI/ESPO@b5f2dac espo/espo_trainer.py ESPOTrainer.compute_loss"
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A), ρ = exp(ΔELBO/L), seq. mean; + β·½(ELBO_θ-ELBO_ref)²/L"
     default_estimator: ClassVar[str] = "coupled_elbo"
     default_advantage: ClassVar[str] = "loo"

@@ -48,6 +48,8 @@ from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
 class FPO(Objective):
     name: ClassVar[str] = "fpo"
     paper: ClassVar[str] = "DiPOD-FPO, Jiang et al., arXiv 2606.13795"
+    source: ClassVar[str] = ("Astro-Eric/DiPOD-release, public mirror manbeastfurryfreedom-ctrl/dipod-release-e361cc37"
+                             "@6111ba4 language/d1/diffu-grpo/diffu_grpo_trainer.py DiffuGRPOTrainer.compute_loss (fpo)")
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A), ρ = exp(ELBO_θ - ELBO_old), seq. mean; + β·(ELBO_θ - ELBO_ref)"
     default_estimator: ClassVar[str] = "fpo_elbo"
     default_estimator_args: ClassVar[dict] = {"exclude_eos": True}  # released: EOS neither masked nor counted

@@ -72,6 +72,7 @@ def per_draw_values(out: EstimatorOutput) -> Tensor:
 class GDSD(Objective):
     name: ClassVar[str] = "gdsd"
     paper: ClassVar[str] = "GDSD, Tang et al., arXiv 2605.29398"
+    source: ClassVar[str] = "GaryBall/GDSD@3fb6780 gdsd/trainers/gdsd_trainer_batchll.py GDSDTrainer.compute_loss"
     formula: ClassVar[str] = ("Σ_m (clamp(D_θm-D_old,m, log(1±ε))/L - ψA)² + β·mean_m ½(D_θm-D_ref,m)²/L, "
                               "row mean; D = denoise log-prob per MC draw m")
     default_estimator: ClassVar[str] = "coupled_elbo"
@@ -116,5 +117,6 @@ class GDSD(Objective):
 class GDSDTLC(GDSD):
     name: ClassVar[str] = "gdsd_tlc"
     paper: ClassVar[str] = "GDSD-TLC, Tang et al., arXiv 2605.29398"
+    source: ClassVar[str] = "GaryBall/GDSD@3fb6780 gdsd/trainers/gdsd_trainer_tlc.py GDSDTLCTrainer.compute_loss"
     formula: ClassVar[str] = "GDSD's per-draw loss with D = ESPO-weighted coupled ELBO (1/t weights)"
     default_estimator_args: ClassVar[dict] = {"weighted": True}

@@ -33,6 +33,7 @@ from ddrl.registry import OBJECTIVES
 class GRPO(TokenPPO):
     name: ClassVar[str] = "grpo"
     paper: ClassVar[str] = "d1 / diffu-GRPO, Zhao et al., arXiv 2504.12216"
+    source: ClassVar[str] = "dllm-reasoning/d1@837888f diffu-grpo/diffu_grpo_trainer.py DiffuGRPOTrainer.compute_loss"
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A) + β·k3(ref,θ) per token, token mean; ρ = token ratio"
     default_estimator: ClassVar[str] = "mean_field"
     default_advantage: ClassVar[str] = "mean"

@@ -68,6 +68,7 @@ def group_weighted_token_mean(values: Tensor, weights: Tensor, group_ids: Tensor
 class MaskGRPO(TokenPPO):
     name: ClassVar[str] = "maskgrpo"
     paper: ClassVar[str] = "MaskGRPO, Ma et al., arXiv 2510.02880"
+    source: ClassVar[str] = "martian422/MaskGRPO@b74ba3c grpo/mask_grpo_trainer.py MaskGRPOTrainer.compute_loss"
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A) + β·k3 over the estimator's masked tokens, per-sample mean"
     default_estimator: ClassVar[str] = "maskgrpo"
     default_advantage: ClassVar[str] = "zscore"

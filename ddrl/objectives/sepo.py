@@ -81,6 +81,8 @@ def released_surrogates(new: dict[str, Tensor], old: dict[str, Tensor], epsilon:
 class SEPO(Objective):
     name: ClassVar[str] = "sepo"
     paper: ClassVar[str] = "SEPO, Zekri & Boullé, arXiv 2502.01384"
+    source: ClassVar[str] = (
+        "ozekri/SEPO@4a4a40f GRPO_MDLM_DNA/diffusion_gosai_update_new.py Diffusion._compute_loss_sepo")
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A) per sample, ∇ via S = -Σ_y π̂(y) log s(x)_y; ρ via neighbours"
     default_estimator: ClassVar[str] = "concrete_score"
     default_advantage: ClassVar[str] = "zscore"

@@ -73,6 +73,7 @@ def check_bounds_estimator(name: str, variant: str, estimator) -> None:
 class SPG(Objective):
     name: ClassVar[str] = "spg"
     paper: ClassVar[str] = "SPG, Wang et al., arXiv 2510.09541"
+    source: ClassVar[str] = "facebookresearch/SPG@a1c7120 spg/spg_trainer.py SPGTrainer.compute_loss"
     formula: ClassVar[str] = "Σ -A·ℓ^SPG·len/Σlen, ℓ^SPG = ELBO (A>0) or ω·EUBO+(1-ω)·ELBO (A<=0)"
     default_estimator: ClassVar[str] = "spg"
     default_advantage: ClassVar[str] = "mean"

@@ -48,6 +48,7 @@ from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
 class StableDRL(Objective):
     name: ClassVar[str] = "stable_drl"
     paper: ClassVar[str] = "StableDRL, Zhong et al., arXiv 2603.06743"
+    source: ClassVar[str] = "JianyuanZhong/StableDRL@26ad014 networks/llada_svpo.py compute_loss_spg"
     formula: ClassVar[str] = "-Σ_group softmax(min(sg log ρ, log C))·A·ℓ^SPG, mean over groups; fresh masks"
     default_estimator: ClassVar[str] = "spg"
     default_advantage: ClassVar[str] = "mean"

@@ -42,6 +42,7 @@ from ddrl.registry import OBJECTIVES
 class TraceRL(TokenPPO):
     name: ClassVar[str] = "tracerl"
     paper: ClassVar[str] = "TraceRL, Wang et al., arXiv 2509.06949"
+    source: ClassVar[str] = "Gen-Verse/dLLM-RL@10b4fd1 train/rl_llada.py forward_process (method TraceRL)"
     formula: ClassVar[str] = "per trace state: mean over its targets of -min(ρA, clip(ρ)A), / rows; + β·Σk3(old,θ)/rows"
     default_estimator: ClassVar[str] = "trace"
     default_advantage: ClassVar[str] = "zscore"

@@ -50,6 +50,8 @@ def per_timestep_logp(out: EstimatorOutput) -> Tensor:
 class UDMGRPO(Objective):
     name: ClassVar[str] = "udm_grpo"
     paper: ClassVar[str] = "UDM-GRPO, Wang et al., arXiv 2604.18518"
+    source: ClassVar[str] = (
+        "Yovecent/UDM-GRPO@d1bec49 diffnext/diffnext/pipelines/ursa/pipeline_grpo.py URSAGRPOPipeline via engine/train_engine.py Trainer.run_step")
     formula: ClassVar[str] = "mean_t [-mean_b A·exp(lp-sg(lp)) + β·k3(ref,θ)], lp = per-image mean log p(x_0|x̃_t)"
     default_estimator: ClassVar[str] = "udm"
     default_advantage: ClassVar[str] = "zscore"

@@ -35,6 +35,7 @@ from ddrl.registry import OBJECTIVES
 class UniGRPO(TokenPPO):
     name: ClassVar[str] = "unigrpo"
     paper: ClassVar[str] = "UniGRPO (MMaDA), Yang et al., arXiv 2505.15809"
+    source: ClassVar[str] = "Gen-Verse/dLLM-RL@10b4fd1 train/rl_llada.py forward_process (method random_masking)"
     formula: ClassVar[str] = "per masked copy: mean of -min(ρA, clip(ρ,1±ε)A), / rows; + β·Σk3(old,θ)/rows"
     default_estimator: ClassVar[str] = "random_ratio"
     default_advantage: ClassVar[str] = "zscore"

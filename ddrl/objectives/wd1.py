@@ -54,6 +54,7 @@ def summed_logp(batch: RolloutBatch, out: EstimatorOutput) -> torch.Tensor:
 class WD1(Objective):
     name: ClassVar[str] = "wd1"
     paper: ClassVar[str] = "wd1, Tang et al., arXiv 2507.08838"
+    source: ClassVar[str] = "xiaohangt/wd1@0898985 wd1/trainers/rev_grpo_trainer.py RevDiffuGRPOTrainer.compute_loss"
     formula: ClassVar[str] = "-Σ softmax_G(A)·ℓ + Σ softmax_G(-A)·ℓ, ℓ = Σ_i log π(x^i); mean over groups"
     default_estimator: ClassVar[str] = "mean_field"
     default_advantage: ClassVar[str] = "mean"
