@@ -4,8 +4,8 @@ Paper: Karimi Monsefi et al., "Denoising-Aware Credit Assignment for Diffusion L
 2605.16342. No code was released and the full text was not available: the implementation below is
 INFERRED from the abstract and is a plausible reading, not the authors' method (docs/methods.md).
 
-    w_{b,i} = DPS weights from the rollout trajectory (ddrl.estimators.dps; kind and floor are fields),
-              computed once per step by `prepare` into batch.extras["dps_weights"] [B, L]
+    w_{b,i} = DPS weights from the rollout trajectory (ddrl.estimators.dps; fields dps_kind, dps_floor),
+              computed once per step by TokenPPO.prepare into batch.extras["dps_weights"] [B, L]
     log π(x^i) := stratified masking likelihood (`stratified`: K strata, each token scored with ~(1-1/K)L context)
     ℓ_i = -min(ρ_i A, clip(ρ_i, 1±ε) A)·w_i + β·k3(π_ref, π_θ)_i,   token mean (d1's base loss)
 
@@ -19,10 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ddrl.estimators.dps import DPS_KINDS, denoising_progress_scores
 from ddrl.objectives.grpo import GRPO
 from ddrl.registry import OBJECTIVES
-from ddrl.types import RolloutBatch
 
 
 @OBJECTIVES.register("daca_grpo")
@@ -35,18 +33,3 @@ class DACAGRPO(GRPO):
     default_estimator: ClassVar[str] = "stratified"
 
     token_weights: bool = True  # weight each token's surrogate by its Denoising Progress Score
-    dps_kind: str = "progress"  # progress | uncertainty (ddrl.estimators.dps)
-    dps_floor: float = 0.1  # uniform share mixed into the weights so every token stays trainable
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.dps_kind not in DPS_KINDS:
-            raise ValueError(f"daca_grpo: dps_kind={self.dps_kind!r}; valid: {', '.join(DPS_KINDS)}")
-        if not 0.0 <= self.dps_floor <= 1.0:
-            raise ValueError(f"daca_grpo: dps_floor={self.dps_floor} must be in [0, 1]")
-
-    def prepare(self, batch: RolloutBatch) -> None:
-        """DPS weights of the whole step batch, before it is cut into micro-batches."""
-        if self.token_weights and batch.trajectory is not None:
-            batch.extras["dps_weights"] = denoising_progress_scores(batch.trajectory, batch.completion_mask,
-                                                                    self.dps_kind, self.dps_floor)

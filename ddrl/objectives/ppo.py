@@ -31,6 +31,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from ddrl.estimators.dps import DPS_KINDS, denoising_progress_scores
 from ddrl.objectives.aggregation import TOKEN_REDUCTIONS, AggregationCounts, masked, sequence_mean
 from ddrl.objectives.base import (
     Objective,
@@ -57,7 +58,9 @@ class TokenPPO(Objective):
     kl_estimator: str = "k3"  # k1 | k2 | k3 (kl.py)
     # token_mean | sequence_token_mean | sequence_token_sum (aggregation.py) | row_token_mean | row_token_mean_local
     aggregation: str = "token_mean"
-    token_weights: bool = False  # multiply each token's surrogate by batch.extras["dps_weights"] (DACA)
+    token_weights: bool = False  # multiply each token's surrogate by its Denoising Progress Score weight (DACA)
+    dps_kind: str = "progress"  # with token_weights: progress | uncertainty (ddrl.estimators.dps)
+    dps_floor: float = 0.1  # with token_weights: uniform share mixed into the weights, so every token trains
     ratio_noise_std: float = 0.0  # stress test: std of Gaussian noise added to log ρ ("exploding weights")
 
     needs_old: ClassVar[bool] = True
@@ -73,6 +76,17 @@ class TokenPPO(Objective):
             raise ValueError(f"{self.name}: aggregation={self.aggregation!r}; valid: {valid}")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"{self.name}: kl_estimator={self.kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
+        if self.dps_kind not in DPS_KINDS:
+            raise ValueError(f"{self.name}: dps_kind={self.dps_kind!r}; valid: {', '.join(DPS_KINDS)}")
+        if not 0.0 <= self.dps_floor <= 1.0:
+            raise ValueError(f"{self.name}: dps_floor={self.dps_floor} must be in [0, 1]")
+
+    def prepare(self, batch: RolloutBatch) -> None:
+        """DPS weights of the whole step batch (before it is cut into micro-batches), from the rollout's
+        trajectory, into batch.extras["dps_weights"] [B, L]."""
+        if self.token_weights and batch.trajectory is not None:
+            batch.extras["dps_weights"] = denoising_progress_scores(batch.trajectory, batch.completion_mask,
+                                                                    self.dps_kind, self.dps_floor)
 
     @property
     def needs_ref(self) -> bool:  # type: ignore[override]

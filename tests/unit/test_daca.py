@@ -72,3 +72,10 @@ def test_daca_objective_prepares_its_weights_with_its_own_settings():
                          mask_seeds=torch.zeros(1, dtype=torch.long), trajectory=traj)
     OBJECTIVES.get("daca_grpo")(dps_floor=0.0).prepare(batch)
     torch.testing.assert_close(batch.extras["dps_weights"], torch.tensor([[0.2, 1.8]]))
+    # the option of every token-level objective, with the same settings
+    batch.extras.clear()
+    OBJECTIVES.get("unigrpo")(token_weights=True, dps_floor=0.0, aggregation="sequence_token_mean").prepare(batch)
+    torch.testing.assert_close(batch.extras["dps_weights"], torch.tensor([[0.2, 1.8]]))
+    batch.extras.clear()
+    OBJECTIVES.get("grpo")().prepare(batch)  # off by default: nothing computed
+    assert "dps_weights" not in batch.extras
