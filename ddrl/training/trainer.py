@@ -179,16 +179,19 @@ class Trainer:
         with clock("advantage"):
             self.advantages(batch)
         kept = self.filter_groups(batch)
-        shares = self.minibatch_shares(kept)  # one per optimizer step of an inner iteration
-        counts = [self.global_counts(share) for share in shares]  # normalisers count each whole share
-        learn = [self.informative_groups(share) for share in shares]
-        old, ref = self.behaviour_passes(learn, step, clock)
-        with clock("update"):
-            stats = self.update(learn, old, ref, step, counts)
+        stats: dict[str, Any] = {"update/skipped": 1.0}  # every group filtered out: nothing to learn from
+        learn: list[RolloutBatch] = []
+        if len(kept):
+            shares = self.minibatch_shares(kept)  # one per optimizer step of an inner iteration
+            counts = [self.global_counts(share) for share in shares]  # normalisers count each whole share
+            learn = [self.informative_groups(share) for share in shares]
+            old, ref = self.behaviour_passes(learn, step, clock)
+            with clock("update"):
+                stats = self.update(learn, old, ref, step, counts)
         timings["step"] = sum(timings.values())
         metrics = self._rollout_metrics(batch)
         metrics["update/rows_frac"] = sum(len(share) for share in learn) / max(len(batch), 1)
-        metrics["update/groups_kept_frac"] = len(kept) / max(len(batch), 1)
+        metrics["update/groups_kept_frac"] = float(kept.reward_valid.sum()) / max(float(batch.reward_valid.sum()), 1.0)
         metrics.update(stats)
         metrics.update({f"time/{k}": v for k, v in timings.items()})
         return reduce_mean_dict(metrics, self.dist, self.device)
@@ -307,14 +310,21 @@ class Trainer:
 
     def filter_groups(self, batch: RolloutBatch) -> RolloutBatch:
         """The groups train.group_filter keeps: mean valid reward within [lo, hi] (all when unset).
-        A group left out is not trained on and not counted, as in dLLM-RL's data filter."""
+        A group left out is not trained on and not counted, as in dLLM-RL's data filter. With one
+        process its rows are dropped; with several they stay as rows without a valid reward (no loss,
+        not counted), so that every rank runs the same passes and collectives."""
         from ddrl.objectives.advantages import groups_in_band
 
         bounds = self.cfg.train.group_filter
         if bounds is None:
             return batch
         keep = groups_in_band(batch.rewards, batch.group_ids, bounds[0], bounds[1])
-        return batch.index(keep.nonzero().squeeze(1))
+        if self.dist.world_size == 1:
+            return batch.index(keep.nonzero().squeeze(1))
+        out = batch.index(torch.arange(len(batch), device=keep.device))  # a copy: metrics keep the rewards
+        out.rewards = torch.where(keep, out.rewards, torch.full_like(out.rewards, float("nan")))
+        out.advantages = torch.where(keep, out.advantages, torch.zeros_like(out.advantages))
+        return out
 
     def informative_groups(self, batch: RolloutBatch) -> RolloutBatch:
         """The groups that carry a gradient: those with a non-zero advantage, when every loss term of
@@ -407,9 +417,9 @@ class Trainer:
         n = self.cfg.train.minibatches
         if n == 1:
             return [batch]
-        groups = int(batch.group_ids.max()) + 1
-        bounds = [round(i * groups / n) for i in range(n + 1)]
         G = self.cfg.train.group_size
+        groups = len(batch) // G  # whole groups, in order (a filter may have left gaps in their ids)
+        bounds = [round(i * groups / n) for i in range(n + 1)]
         return [batch.index(slice(lo * G, hi * G)) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
 
     def _passes(self, shares: list[RolloutBatch]) -> Iterator[tuple[int, int, int, RolloutBatch]]:

@@ -148,3 +148,22 @@ def test_truncation_margin_counts_answers_at_the_limit_as_cut_off(tiny_sudoku_mo
     trainer.task.reward = lambda completions, **_: [1.0] * len(completions)
     trainer.score(batch)
     assert batch.rewards[0].item() == 0.0 and (batch.rewards[1:] == 1.0).all()
+
+
+def test_a_step_whose_groups_are_all_filtered_skips_the_update(tiny_sudoku_model, tmp_path):
+    trainer = _trainer(tiny_sudoku_model, tmp_path, "grpo", "train.group_filter=[0.2,0.8]", "train.minibatches=2")
+    trainer.task.reward = lambda completions, **_: [1.0] * len(completions)  # every group all right: filtered
+    steps, _ = _spy_steps_and_counts(trainer)
+    metrics = trainer.train_step(1)
+    assert steps == [] and metrics["update/skipped"] == 1.0 and metrics["update/groups_kept_frac"] == 0.0
+
+
+def test_minibatch_shares_after_a_filter_hold_whole_groups(tiny_sudoku_model, tmp_path):
+    trainer = _trainer(tiny_sudoku_model, tmp_path, "grpo", "train.minibatches=2", "train.prompts_per_step=4")
+    batch = trainer.rollout(1)
+    trainer.task.reward = lambda completions, **_: ([1.0] * 4 + [0.0, 1.0, 0.0, 1.0]) * 2  # groups 0, 2 uniform
+    trainer.score(batch)
+    trainer.cfg.train.group_filter = [0.2, 0.8]
+    kept = trainer.filter_groups(batch)
+    shares = trainer.minibatch_shares(kept)
+    assert [s.group_ids.tolist() for s in shares] == [[1] * 4, [3] * 4]
