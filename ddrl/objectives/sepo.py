@@ -86,7 +86,7 @@ class SEPO(Objective):
     formula: ClassVar[str] = "-min(ρA, clip(ρ,1±ε)A) per sample, ∇ via S = -Σ_y π̂(y) log s(x)_y; ρ via neighbours"
     default_estimator: ClassVar[str] = "concrete_score"
     default_advantage: ClassVar[str] = "zscore"
-    # The released z-score adds 1e-8 to torch's sample std (grpo_train.py); the trainer passes eps=1e-4 today.
+    # The released z-score adds 1e-8 to torch's sample std (grpo_train.py).
     default_advantage_eps: ClassVar[float] = 1e-8
     needs_old: ClassVar[bool] = True
     advantage_weighted: ClassVar[bool] = True

@@ -20,7 +20,7 @@ The released loop is part of the method: old log-probs are computed once per rol
 optimizer steps run over the rollout's state rows (~64 for the LLaDA recipe), on prompts whose
 fraction correct is within [0.2, 0.8], with answers cut off at the length limit scored wrong. In
 ddrl: train.minibatches (optimizer steps over shares of the groups, old log-probs fixed),
-train.group_filter=[0.2, 0.8], train.truncated_reward=0 (configs/paper/tracerl.yaml). With one
+train.group_filter=[0.2, 0.8], train.truncated_reward=0 (configs/paper/tracerl_llada8b.yaml). With one
 update per rollout (train.num_iterations = train.minibatches = 1) old = sg(current), ρ ≡ 1 and the
 k3 term has zero gradient. Deviation: a ddrl minibatch holds whole groups (every state of its
 samples); dLLM-RL cuts the sample-major list of state rows, so a minibatch may split a sample.
