@@ -124,11 +124,22 @@ class Trainer:
 
     def _make_reference(self) -> Any:
         if self.cfg.model.lora.rank > 0:
+            if self.cfg.train.sync_ref_every:
+                raise ValueError("train.sync_ref_every needs a separate reference copy, but with LoRA the reference is "
+                                 "the policy with its adapter disabled (the base model); set train.sync_ref_every=0 "
+                                 "or model.lora.rank=0")
             return None  # the reference is the policy with its adapter disabled: no second copy
         ref = copy.deepcopy(self.model).eval()
         for p in ref.parameters():
             p.requires_grad_(False)
         return ref
+
+    @torch.no_grad()
+    def sync_reference(self) -> None:
+        """Copy the policy into the frozen reference (train.sync_ref_every): the KL then anchors to a
+        recent policy instead of the initial one. Sharded (FSDP2) parameters are gathered first."""
+        for ref_p, p in zip(self.ref_model.parameters(), self.model.parameters()):
+            ref_p.copy_(p.full_tensor() if hasattr(p, "full_tensor") else p)
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[Any]:
@@ -149,6 +160,8 @@ class Trainer:
         while self.step < t.steps:
             self.step += 1
             metrics = self.train_step(self.step)
+            if t.sync_ref_every and self.step % t.sync_ref_every == 0 and self.ref_model is not None:
+                self.sync_reference()
             logged = self.step % t.log_every == 0 or self.step == t.steps
             if logged:
                 metrics, before = {**metrics, **before}, {}

@@ -167,3 +167,22 @@ def test_minibatch_shares_after_a_filter_hold_whole_groups(tiny_sudoku_model, tm
     kept = trainer.filter_groups(batch)
     shares = trainer.minibatch_shares(kept)
     assert [s.group_ids.tolist() for s in shares] == [[1] * 4, [3] * 4]
+
+
+def test_sync_ref_every_copies_the_policy_into_the_reference(tiny_sudoku_model, tmp_path):
+    from ddrl.training.trainer import train
+
+    cfg_path = ROOT / "configs/rl/grpo_mini_sudoku.yaml"
+
+    def run(every: int) -> bool:  # True when the reference equals the trained policy
+        trainer = Trainer(load_config(cfg_path, rl_overrides(tiny_sudoku_model, tmp_path / str(every)) + [
+            "eval.before=false", "eval.n=0", f"train.sync_ref_every={every}", "train.steps=1",
+            "train.skip_uninformative=false"], RLConfig))
+        assert trainer.ref_model is not None
+        trainer.run()
+        return all(torch.equal(r, p) for r, p in zip(trainer.ref_model.parameters(), trainer.model.parameters()))
+
+    assert run(1) and not run(0)  # the policy moved; only the synced reference follows it
+    with __import__("pytest").raises(ValueError, match="sync_ref_every needs a separate reference"):
+        train(cfg_path, rl_overrides(tiny_sudoku_model, tmp_path / "lora") + ["train.sync_ref_every=1",
+                                                                              "model.lora.rank=4"])
