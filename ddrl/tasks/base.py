@@ -8,9 +8,21 @@ list[float | None]`, and never raise or hang.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 RewardFn = Callable[..., list[float | None]]
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A prompt for a chat model, beyond one user message: a system message and assistant text that
+    is pre-filled after the chat template's generation prompt, so decoding continues it (d1's
+    evaluation starts the answer with "<reasoning>"). A plain `str` prompt is one user message."""
+
+    user: str
+    system: str | None = None
+    prefill: str = ""
 
 
 class Task:
