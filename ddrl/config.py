@@ -113,7 +113,8 @@ class MethodConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 100  # RL steps (rollout batches)
+    steps: int = 100  # RL steps = rollout batches; each makes num_iterations x minibatches optimizer steps
+    # (the peers count optimizer steps: a paper's max_steps S is train.steps = S / (num_iterations x minibatches))
     prompts_per_step: int = 8  # distinct prompts per step (across all processes)
     prompt_pool: int | None = None  # cycle through the first N training prompts (None = new prompts every step)
     group_size: int = 8  # G, completions per prompt

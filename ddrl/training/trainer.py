@@ -82,7 +82,8 @@ class Trainer:
         self.sched = build_scheduler(self.opt, schedule=t.lr_schedule, warmup_steps=t.warmup_steps,
                                      total_steps=t.steps * t.num_iterations * t.minibatches,
                                      min_lr_ratio=t.min_lr_ratio)
-        self.step = 0
+        self.step = 0  # rollout steps done (train.steps counts these)
+        self.optimizer_steps = 0  # optimizer updates done: each rollout step makes up to mu x minibatches
         self.bad_steps = 0
         self.eval_history: list[dict[str, Any]] = []
         if cfg.resume:
@@ -96,6 +97,10 @@ class Trainer:
             save_config(cfg, self.run_dir / "config.yaml")
             r = cfg.rollout
             fast = r.cache != "none" or r.threshold is not None
+            updates = t.num_iterations * t.minibatches
+            print(f"length: train.steps={t.steps} rollout steps x {updates} optimizer steps each (num_iterations="
+                  f"{t.num_iterations} x minibatches={t.minibatches}) = {t.steps * updates} optimizer steps; "
+                  f"{t.prompts_per_step} prompts x {t.group_size} completions per rollout")
             print(f"rollout: {r.name} sampler, cache={r.cache}, threshold={r.threshold}, early_exit={r.early_exit} "
                   f"({'fast' if fast else 'reference'} path; rollout.cache=none rollout.threshold=null is the reference)")
 
@@ -394,10 +399,12 @@ class Trainer:
                     continue
                 self.bad_steps = 0
                 self.opt.step()
+                self.optimizer_steps += 1
                 self.sched.step()
                 sums["loss"] = sums.get("loss", 0.0) + total / n_updates
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm.item() / n_updates
         sums["lr"] = self.sched.get_last_lr()[0]
+        sums["optimizer_steps"] = float(self.optimizer_steps)  # cumulative: the peers' unit of run length
         return sums
 
     # ------------------------------------------------------------------ small helpers
@@ -499,7 +506,8 @@ class Trainer:
         model_state, optimizer_state = gather_full_state(self.model, self.opt)  # collective under FSDP2
         if not self.dist.is_main:
             return
-        state = {"step": self.step, "optimizer": optimizer_state, "scheduler": self.sched.state_dict(),
+        state = {"step": self.step, "optimizer_steps": self.optimizer_steps, "optimizer": optimizer_state,
+                 "scheduler": self.sched.state_dict(),
                  "bad_steps": self.bad_steps, "eval_history": self.eval_history, "data_position": self.step}
         ckpt.save_checkpoint(self.run_dir, self.step, GatheredModel(self.model, model_state), state,
                              keep=self.cfg.train.keep_checkpoints)
@@ -516,6 +524,7 @@ class Trainer:
         self.sched.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
         self.bad_steps = int(state.get("bad_steps", 0))
+        self.optimizer_steps = int(state.get("optimizer_steps", 0))
         self.eval_history = list(state.get("eval_history", []))
 
 
