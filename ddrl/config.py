@@ -349,6 +349,32 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
+def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """A config file's mapping, merged over its `base:` file(s) (paths relative to the file).
+
+    `base` lets the recipes of one paper share their common part (configs/paper/<paper>/common.yaml)
+    and state only what a task changes, so each setting has one source of truth.
+    """
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    if path.resolve() in chain:
+        raise ConfigError(f"config file {str(path)!r} is its own base (base chain: "
+                          f"{' -> '.join(str(c) for c in chain)})")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+    bases = data.pop("base", None)
+    if bases is None:
+        return data
+    merged: dict[str, Any] = {}
+    for base in [bases] if isinstance(bases, str) else list(bases):
+        merged = _deep_merge(merged, _read_yaml(path.parent / str(base), (*chain, path.resolve())))
+    return _deep_merge(merged, data)
+
+
 def load_config(source: str | Path | dict[str, Any] | None, overrides: list[str] | None = None, cls: type = RLConfig) -> Any:
     """Read YAML (or a dict), apply dotted overrides, type-check every key, validate once."""
     if source is None:
@@ -356,15 +382,7 @@ def load_config(source: str | Path | dict[str, Any] | None, overrides: list[str]
     elif isinstance(source, dict):
         data = dict(source)
     else:
-        path = Path(source)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+        data = _read_yaml(Path(source), ())
     data = _apply_aliases(data)
     for item in overrides or []:  # one at a time, in order: `x_args={}` then `x_args.k=v` clears, then sets
         data = _deep_merge(data, _apply_aliases(parse_overrides([item])))

@@ -81,3 +81,19 @@ def test_prompt_pool_and_eval_split_are_checked():
         load_config(None, ["eval.split=heldout"])
     cfg = load_config(None, ["train.prompt_pool=64", "eval.split=train"])
     assert cfg.train.prompt_pool == 64 and cfg.eval.split == "train"
+
+
+def test_a_config_file_extends_its_base(tmp_path):
+    (tmp_path / "common.yaml").write_text(
+        "method:\n  objective: espo\n  objective_args: {epsilon: 0.2, beta: 0.01}\ntrain:\n  lr: 1.0e-6\n  steps: 7\n")
+    (tmp_path / "task.yaml").write_text(
+        "base: common.yaml\nmethod:\n  objective_args: {beta: 0.003}\ntrain:\n  steps: 9\n")
+    cfg = load_config(tmp_path / "task.yaml", ["train.group_size=4"])
+    assert cfg.method.objective == "espo" and cfg.method.objective_args == {"epsilon": 0.2, "beta": 0.003}
+    assert (cfg.train.lr, cfg.train.steps, cfg.train.group_size) == (1e-6, 9, 4)
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
+    with pytest.raises(ConfigError, match="its own base"):
+        load_config(tmp_path / "loop.yaml")
+    (tmp_path / "missing.yaml").write_text("base: nope.yaml\n")
+    with pytest.raises(ConfigError, match="nope.yaml.*does not exist"):
+        load_config(tmp_path / "missing.yaml")
