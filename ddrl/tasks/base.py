@@ -53,6 +53,12 @@ class Task:
         scores = self.reward(completions, **columns)
         return [s is not None and s >= self.success_threshold for s in scores]
 
+    def metric(self, completions: list[str], **columns: list[Any]) -> list[float]:
+        """Each completion's accuracy in [0, 1], averaged by evaluation: 1/0 for a verdict (the
+        default, from `correct`), or a fraction where the paper scores partial credit (d1's
+        Sudoku: correct cells / blank cells)."""
+        return [1.0 if c else 0.0 for c in self.correct(completions, **columns)]
+
     # ---- for the built-in tiny models (compact format) ----
     def symbols(self) -> list[str]:
         """The alphabet of the compact format, for a SymbolTokenizer (specials excluded)."""

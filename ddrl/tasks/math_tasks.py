@@ -7,24 +7,27 @@ Reward (d1, Zhao et al. 2025): `correctness_weight` (2.0) x math-verify correctn
 `Task.correct` counts the correctness part only; each part is logged (`task.reward_parts`).
 
 - gsm_symbolic: reasoning-gym's GSM-Symbolic templates, split train/test by question hash.
-- gsm8k / math500: a local JSONL/JSON/parquet file (`path`, split by question hash with
-  `test_fraction`; or `train_path` + `test_path`), or a `datasets` hub name (`dataset=`, needs the
-  datasets package; nothing is downloaded otherwise). Gold answers follow GSM8K ("... #### 42") or
-  MATH (a solution whose last \\boxed{} is the answer); `question_field`/`answer_field` name the columns.
+- gsm8k / math500: local files, `train_path` + `test_path` (JSONL/JSON/CSV/parquet; `path` alone is
+  the test file, split="hash" splits it by question hash), or a `datasets` hub name (`dataset=`,
+  needs `pip install datasets`); see ddrl/tasks/paper_data.py. The formats are the papers' (d1, SPG,
+  ESPO, GDSD, StableDRL all read these hub sets): GSM8K {"question", "answer": "... #### 42"};
+  MATH {"problem", "solution" (its last \\boxed{} is the answer), "answer" (optional, preferred)}.
+  `question_field`/`answer_field` name other columns. Examples: "prompt", "question", "answer" (the
+  bare gold answer) and, for MATH rows, "solution". `preset="d1"` etc. swaps in a paper's prompt,
+  reward and metric.
 """
 
 from __future__ import annotations
 
-import json
-import random
-from pathlib import Path
 from typing import Any
 
 from ddrl.registry import TASKS
 from ddrl.rewards.composite import CompositeReward
 from ddrl.rewards.format import soft_format_reward
 from ddrl.rewards.math import gold_answer, math_correctness_reward
-from ddrl.tasks import ReasoningGymTask, Task, check_format, is_test_key
+from ddrl.tasks import ReasoningGymTask, check_format
+from ddrl.tasks.paper_data import DataSource, FileTask, PresetMixin
+from ddrl.tasks.paper_data import read_records  # noqa: F401  (re-exported: code_tasks imports it from here)
 
 D1_SYSTEM_PROMPT = (
     "Respond in the following format:\n<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>\n"
@@ -84,53 +87,13 @@ class GSMSymbolicTask(MathRewardMixin, ReasoningGymTask):
         return example["question"]
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a .jsonl / .json (a list of objects) / .parquet file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"data file {str(path)!r} does not exist")
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            try:
-                import pandas as pd
-            except ImportError:
-                raise ImportError(f"reading {path} needs pyarrow or pandas (pip install pyarrow)") from None
-            return pd.read_parquet(path).to_dict("records")
-        return pq.read_table(path).to_pylist()
-    text = path.read_text(encoding="utf-8")
-    if suffix == ".json" and text.lstrip().startswith("["):
-        rows = json.loads(text)
-    else:
-        rows = []
-        for i, line in enumerate(text.splitlines()):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}: line {i + 1} is not valid JSON ({e})") from None
-    if not all(isinstance(r, dict) for r in rows):
-        raise ValueError(f"{path}: every record must be a JSON object")
-    return rows
+class MathFileTask(PresetMixin, MathRewardMixin, FileTask):
+    """A question/answer dataset from local files or the `datasets` hub (ddrl/tasks/paper_data.py).
 
-
-def _load_hub(dataset: str, config: str | None, split: str) -> list[dict[str, Any]]:
-    try:
-        import datasets
-    except ImportError:
-        raise ImportError(f"dataset={dataset!r} needs the `datasets` package (pip install datasets); "
-                          f"or pass path= to a local JSONL/parquet file") from None
-    return [dict(r) for r in datasets.load_dataset(dataset, config, split=split)]
-
-
-class MathFileTask(MathRewardMixin, Task):
-    """A question/answer dataset from a local file or the `datasets` hub (see the module docstring).
-
-    Args: path | train_path + test_path | dataset (+ dataset_config, train_split, test_split);
-    question_field, answer_field; test_fraction (for a single `path`); correctness_weight,
-    format_weight; format ("chat" only).
+    Args: train_path + test_path (the normal form) | test_path or path (evaluation only: every row
+    is a test row) | path + split="hash" (+ test_fraction, default 0.1) | dataset (+ dataset_config,
+    train_split, test_split); question_field, answer_field; correctness_weight, format_weight;
+    preset (a paper's prompt, reward and metric: "d1", "espo", ...); format ("chat" only).
     """
 
     gen_length = 256
@@ -141,42 +104,22 @@ class MathFileTask(MathRewardMixin, Task):
 
     def __init__(self, path: str | None = None, *, train_path: str | None = None, test_path: str | None = None,
                  dataset: str | None = None, dataset_config: str | None = None, train_split: str = "train",
-                 test_split: str = "test", question_field: str | None = None, answer_field: str | None = None,
-                 test_fraction: float = 0.1, correctness_weight: float = 2.0, format_weight: float = 0.5,
-                 format: str = "chat"):
+                 test_split: str = "test", split: str | None = None, test_fraction: float | None = None,
+                 question_field: str | None = None, answer_field: str | None = None,
+                 correctness_weight: float = 2.0, format_weight: float = 0.5, format: str = "chat",
+                 preset: str | None = None):
         self.format = check_format(self.name, format, ("chat",))
-        sources = [path is not None, train_path is not None or test_path is not None, dataset is not None]
-        if sum(sources) != 1:
-            hub, cfg = self.default_dataset
-            hint = f" (e.g. dataset={hub!r}" + (f", dataset_config={cfg!r})" if cfg else ")") if hub else ""
-            raise ValueError(f"task {self.name!r} needs exactly one data source: path=FILE (split by question "
-                             f"hash), train_path=/test_path=FILES, or dataset=HUB_NAME{hint}")
-        if not 0.0 < test_fraction < 1.0:
-            raise ValueError(f"{self.name}: test_fraction must be in (0, 1), got {test_fraction}")
-        self.path, self.train_path, self.test_path = path, train_path, test_path
-        self.dataset, self.dataset_config = dataset, dataset_config
-        self.splits = {"train": train_split, "test": test_split}
+        hub, cfg = self.default_dataset
+        hint = f" (e.g. dataset={hub!r}" + (f", dataset_config={cfg!r})" if cfg else ")") if hub else ""
+        self._init_source(DataSource(self.name, path=path, train_path=train_path, test_path=test_path,
+                                     dataset=dataset, dataset_config=dataset_config, train_split=train_split,
+                                     test_split=test_split, split=split, test_fraction=test_fraction,
+                                     example_source=hint))
         self.question_field = question_field or self.default_question_field
         self.answer_field = answer_field or self.default_answer_field
-        self.test_fraction = test_fraction
         self._init_reward(correctness_weight, format_weight)
         self.success_threshold = correctness_weight
-        self._rows: dict[str, list[dict[str, Any]]] = {}
-
-    # ---- data
-    def _load(self, split: str) -> list[dict[str, Any]]:
-        """Examples of one split, every record checked (a missing field fails whatever its split)."""
-        if self.path is not None:
-            examples = [self._example(r, f"{self.path} record {i}") for i, r in enumerate(read_records(self.path))]
-            return [ex for ex in examples if is_test_key(ex["question"], self.test_fraction) == (split == "test")]
-        if self.dataset is not None:
-            records, where = _load_hub(self.dataset, self.dataset_config, self.splits[split]), self.dataset
-        else:
-            file = self.train_path if split == "train" else self.test_path
-            if file is None:
-                raise ValueError(f"task {self.name!r} has no {split} data: pass {split}_path=FILE")
-            records, where = read_records(file), file
-        return [self._example(r, f"{where} record {i}") for i, r in enumerate(records)]
+        self._init_preset(preset)
 
     def _example(self, row: dict[str, Any], where: str) -> dict[str, Any]:
         if self.question_field not in row:
@@ -186,39 +129,13 @@ class MathFileTask(MathRewardMixin, Task):
         if raw is None:
             raise ValueError(f"{where}: no field {self.answer_field!r} (fields: {', '.join(row)}); set answer_field=")
         question = str(row[self.question_field])
-        return {"prompt": chat_prompt(question), "question": question, "answer": gold_answer(raw)}
+        example = {"prompt": chat_prompt(question), "question": question, "answer": gold_answer(raw)}
+        if row.get("solution") is not None:  # MATH: a paper's reward may read the gold \boxed{} itself
+            example["solution"] = str(row["solution"])
+        return example
 
-    def _split_rows(self, split: str) -> list[dict[str, Any]]:
-        if split not in self._rows:
-            rows = self._load(split)
-            if split == "train" and self._has_test():  # never train on a test question (files may overlap)
-                test_questions = {ex["question"] for ex in self._split_rows("test")}
-                rows = [ex for ex in rows if ex["question"] not in test_questions]
-            self._rows[split] = rows
-        return self._rows[split]
-
-    def _has_test(self) -> bool:
-        return self.path is not None or self.test_path is not None or self.dataset is not None
-
-    def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
-        """n examples, cycling through seeded permutations of the train rows when n exceeds them."""
-        rows = self._split_rows("train")
-        if not rows:
-            return []
-        rng = random.Random(f"{self.name}-train-{seed}")
-        out: list[dict[str, Any]] = []
-        while len(out) < n:
-            order = list(range(len(rows)))
-            rng.shuffle(order)
-            out.extend(dict(rows[i]) for i in order[: n - len(out)])
-        return out
-
-    def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
-        """min(n, size) distinct test examples, in a seeded order."""
-        rows = self._split_rows("test")
-        order = list(range(len(rows)))
-        random.Random(f"{self.name}-test-{seed}").shuffle(order)
-        return [dict(rows[i]) for i in order[:n]]
+    def _split_key(self, example: dict[str, Any]) -> str:
+        return example["question"]
 
 
 @TASKS.register("gsm8k")

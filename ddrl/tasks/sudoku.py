@@ -1,4 +1,5 @@
-"""Sudoku tasks: "mini_sudoku" (4x4) and "sudoku" (9x9) from reasoning-gym's generators.
+"""Sudoku tasks: "mini_sudoku" (4x4) and "sudoku" (9x9) from reasoning-gym's generators, and
+"sudoku4x4" from d1's 4x4 files (Sudoku4x4Task, at the end: d1's string format, reward and metric).
 
 reasoning-gym removes cells from a random solved grid while the puzzle keeps a unique solution
 (`min_empty`..`max_empty` blanks; a 4x4 puzzle may end with fewer blanks than asked when removing
@@ -24,6 +25,7 @@ from ddrl.registry import TASKS
 from ddrl.rewards.composite import per_completion
 from ddrl.rewards.format import extract_answer
 from ddrl.tasks import ReasoningGymTask, check_format
+from ddrl.tasks.paper_data import DataSource, FileTask, PresetMixin, check_preset_format
 
 BLANK = "."
 _GRID_CHARS = set("0123456789._")
@@ -166,3 +168,105 @@ class MiniSudokuTask(SudokuTask):
     max_empty_limit = 12  # more blanks cannot keep a unique 4x4 solution
     test_fraction = 0.1
     chat_gen_length = 256
+
+
+# --------------------------------------------------------------------------- d1's 4x4 files
+
+D1_BLANK = "0"  # d1's string format: 16 chars row-major, '0' = an empty cell
+_D1_SIZE = 16
+
+
+def d1_grid(value: Any, where: str, column: str) -> str:
+    """A d1 grid string, checked. A CSV column typed as integers by some tool loses its leading
+    zeros ("0310..." -> 310...): a shorter digit string not starting with '0' is padded back to 16,
+    as StableDRL does."""
+    text = str(value).strip()
+    if text.isdigit() and len(text) < _D1_SIZE and not text.startswith(D1_BLANK):
+        text = text.zfill(_D1_SIZE)
+    if len(text) != _D1_SIZE or not set(text) <= set("01234"):
+        raise ValueError(f"{where}: {column} must be 16 characters of 0-4 ('0' = blank), got {value!r}")
+    return text
+
+
+def d1_answer_digits(completion: str) -> str | None:
+    """The digits inside the last <answer> tag (separators dropped), or None without a tag."""
+    content = extract_answer(completion)
+    return None if content is None else "".join(ch for ch in content if ch.isdigit())
+
+
+def blank_cell_accuracy(completion: str, puzzle: str, solution: str) -> float:
+    """d1's Sudoku score: the fraction of the puzzle's blank cells that the answer fills correctly.
+
+    The answer's digits, cut or padded with '0' to 16, are compared cell by cell with the solution
+    on the blanks; givens are not checked (d1's reward and its accuracy both ignore them).
+    """
+    digits = d1_answer_digits(completion)
+    blanks = [i for i, p in enumerate(puzzle) if p == D1_BLANK]
+    if not digits or not blanks:
+        return 0.0
+    grid = (digits + D1_BLANK * _D1_SIZE)[:_D1_SIZE]
+    return sum(grid[i] == solution[i] for i in blanks) / len(blanks)
+
+
+class BlankCellScoring:
+    """Reward = metric = blank_cell_accuracy; correct = every blank right (the metric is 1)."""
+
+    def reward(self, completions: list[str], **columns: Any) -> list[float | None]:
+        return blank_cell_reward(completions, **columns)
+
+    def metric(self, completions: list[str], **columns: Any) -> list[float]:
+        return [0.0 if s is None else float(s) for s in blank_cell_reward(completions, **columns)]
+
+    def correct(self, completions: list[str], **columns: Any) -> list[bool]:
+        return [m >= 1.0 for m in self.metric(completions, **columns)]
+
+
+@per_completion
+def blank_cell_reward(completion: str, puzzle: str, solution: str, **_: Any) -> float:
+    return blank_cell_accuracy(completion, puzzle, solution)
+
+
+@TASKS.register("sudoku4x4")
+class Sudoku4x4Task(PresetMixin, BlankCellScoring, FileTask):
+    """d1's 4x4 Sudoku files: CSVs with columns Puzzle, Solution (16-char strings, '0' = blank):
+    dataset/4x4_sudoku_unique_puzzles.csv (train) and dataset/4x4_test_sudoku.csv (test) in d1,
+    SPG, ESPO and GDSD; SPG also ships a solution-disjoint train_/test_sudoku_split_new.csv. Column
+    names match case-insensitively. Examples: "prompt", "puzzle", "solution".
+
+    Args: train_path, test_path, path, split, test_fraction, dataset (ddrl/tasks/paper_data.py);
+    format ("chat" only); preset. Reward and accuracy as d1: the fraction of blank cells filled
+    correctly (`metric`); `correct` = all of them.
+    """
+
+    name = "sudoku4x4"
+    gen_length = 256
+
+    def __init__(self, path: str | None = None, *, train_path: str | None = None, test_path: str | None = None,
+                 dataset: str | None = None, dataset_config: str | None = None, train_split: str = "train",
+                 test_split: str = "test", split: str | None = None, test_fraction: float | None = None,
+                 format: str | None = None, preset: str | None = None):
+        fmt = check_preset_format(self.name, preset, format, "chat")
+        self.format = check_format(self.name, fmt, ("chat",))
+        self._init_source(DataSource(self.name, path=path, train_path=train_path, test_path=test_path,
+                                     dataset=dataset, dataset_config=dataset_config, train_split=train_split,
+                                     test_split=test_split, split=split, test_fraction=test_fraction))
+        self._init_preset(preset)
+
+    def _example(self, row: dict[str, Any], where: str) -> dict[str, Any]:
+        lower = {str(k).strip().lower(): v for k, v in row.items()}
+        if "puzzle" not in lower or "solution" not in lower:
+            raise ValueError(f"{where}: a sudoku4x4 row needs columns Puzzle and Solution (d1's CSV header "
+                             f"'Puzzle,Solution'); fields: {', '.join(map(str, row))}")
+        puzzle = d1_grid(lower["puzzle"], where, "Puzzle")
+        solution = d1_grid(lower["solution"], where, "Solution")
+        return {"prompt": self._prompt(puzzle), "puzzle": puzzle, "solution": solution}
+
+    def _split_key(self, example: dict[str, Any]) -> str:
+        return example["puzzle"]
+
+    def _prompt(self, puzzle: str) -> str:
+        return ("Solve this 4x4 Sudoku. The grid is a 16-character string read row by row, left to right; "
+                "'0' marks an empty cell. Fill every empty cell with a digit from 1 to 4 so that each row, "
+                "each column and each 2x2 box holds 1, 2, 3 and 4 exactly once; keep the given digits.\n\n"
+                f"Puzzle: {puzzle}\n\nThink in <reasoning>...</reasoning>, then write the solved grid "
+                "inside <answer>...</answer> as 16 digits without spaces.")

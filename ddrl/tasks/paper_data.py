@@ -1,0 +1,254 @@
+"""Tasks backed by data files, in the formats the papers ship, and the `preset=` task argument.
+
+The papers (d1, SPG, ESPO, GDSD, StableDRL) train and test on fixed files, and their tables
+report accuracy on the whole test file. A file-backed task therefore reads its two splits from two
+files; it never carves a test split out of one file unless asked to:
+
+    train_path=TRAIN, test_path=TEST    the normal form (a train question also in TEST is dropped)
+    test_path=TEST                      evaluation only (`ddrl eval`); training asks for train_path
+    path=FILE                           the same as test_path=FILE: a user who names one file for
+                                        `ddrl eval` expects every row scored, not a hashed 10%
+    path=FILE, split="hash"             one file split by a hash of each example's key, a fraction
+      (test_fraction=0.1)               `test_fraction` of them test (giving test_fraction alone
+                                        also asks for it); stable across runs and file orders
+    dataset=NAME                        a Hugging Face hub dataset (needs `pip install datasets`)
+
+Files: .jsonl (one JSON object a line), .json (a list of objects), .csv (a header row; cells
+stay strings, so d1's Sudoku "0310..." keeps its leading zero) and .parquet (needs
+`pip install pyarrow`).
+
+`preset="d1"` (or "espo", "spg", "stable_drl", "gdsd") makes a task use the paper's prompt, reward
+and accuracy metric from `ddrl.tasks.presets.get_preset(preset, task.name)` in place of its own:
+train examples get `preset.prompt(example)` as their "prompt", test examples
+`preset.prompt_for_eval(example)` (d1 evaluates with another system prompt than it trains with),
+`reward` is the preset's reward and `metric` its per-item accuracy, `correct` = metric == 1.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from ddrl.tasks import is_test_key
+from ddrl.tasks.base import Task
+from ddrl.tasks.presets import Preset, get_preset
+
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+DEFAULT_TEST_FRACTION = 0.1  # of a single file split by hash (split="hash")
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a .jsonl / .json (a list of objects) / .csv / .parquet file, as dicts."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"data file {str(path)!r} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow "
+                              f"(or convert the file to .jsonl)") from None
+        return pq.read_table(path).to_pylist()
+    if suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as f:
+            return [dict(row) for row in csv.DictReader(f)]
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".json" and text.lstrip().startswith("["):
+        rows = json.loads(text)
+    else:
+        rows = []
+        for i, line in enumerate(text.splitlines()):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}: line {i + 1} is not valid JSON ({e}); data files are "
+                                     f"{', '.join(DATA_SUFFIXES)}") from None
+    if not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"{path}: every record must be a JSON object")
+    return rows
+
+
+def load_hub(dataset: str, config: str | None, split: str) -> list[dict[str, Any]]:
+    """Rows of one split of a Hugging Face hub dataset (downloads it)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(f"dataset={dataset!r} needs the `datasets` package: pip install datasets "
+                          f"(or pass train_path=/test_path= to local .jsonl/.csv/.parquet files)") from None
+    return [dict(r) for r in datasets.load_dataset(dataset, config, split=split)]
+
+
+class DataSource:
+    """Where a file-backed task's train and test rows come from; checked once, at construction.
+
+    `mode` is "files" (train_path / test_path / path), "hash" (one file split by key hash) or
+    "hub" (dataset=). `records(split)` returns (where, row) pairs, `where` naming the row in errors.
+    """
+
+    def __init__(self, task: str, *, path: str | None = None, train_path: str | None = None,
+                 test_path: str | None = None, dataset: str | None = None, dataset_config: str | None = None,
+                 train_split: str = "train", test_split: str = "test", split: str | None = None,
+                 test_fraction: float | None = None, example_source: str = ""):
+        self.task = task
+        given = [path is not None, train_path is not None or test_path is not None, dataset is not None]
+        if sum(given) != 1:
+            raise ValueError(f"task {task!r} needs exactly one data source: train_path=TRAIN_FILE and "
+                             f"test_path=TEST_FILE (test_path alone to evaluate), path=FILE with "
+                             f"split='hash' to split one file, or dataset=HUB_NAME{example_source}")
+        if split not in (None, "hash", "files"):
+            raise ValueError(f"task {task!r}: split must be 'hash' (split one path= file by key hash) or "
+                             f"'files' (path= is the test file), got {split!r}")
+        hashed = split == "hash" or (split is None and test_fraction is not None)
+        if hashed and path is None:
+            raise ValueError(f"task {task!r}: split='hash' / test_fraction= split a single path=FILE; "
+                             f"with train_path=/test_path= or dataset= the splits are already given")
+        if split == "files" and test_fraction is not None:
+            raise ValueError(f"task {task!r}: test_fraction= needs split='hash'")
+        if hashed:
+            test_fraction = DEFAULT_TEST_FRACTION if test_fraction is None else float(test_fraction)
+            if not 0.0 < test_fraction < 1.0:
+                raise ValueError(f"task {task!r}: test_fraction must be in (0, 1), got {test_fraction}")
+        self.mode = "hub" if dataset is not None else "hash" if hashed else "files"
+        self.test_fraction = test_fraction
+        if self.mode == "files" and path is not None:
+            test_path = path  # one file named without a split is the file to evaluate on
+        self.train_path, self.test_path, self.path = train_path, test_path, path
+        self.dataset, self.dataset_config = dataset, dataset_config
+        self.hub_splits = {"train": train_split, "test": test_split}
+
+    def has(self, split: str) -> bool:
+        if self.mode != "files":
+            return True
+        return (self.train_path if split == "train" else self.test_path) is not None
+
+    def records(self, split: str) -> list[tuple[str, dict[str, Any]]]:
+        if self.mode == "hub":
+            rows, where = load_hub(self.dataset, self.dataset_config, self.hub_splits[split]), str(self.dataset)
+        else:
+            file = self.path if self.mode == "hash" else self.train_path if split == "train" else self.test_path
+            if file is None:
+                raise ValueError(self._missing(split))
+            rows, where = read_records(file), str(file)
+        return [(f"{where} record {i}", row) for i, row in enumerate(rows)]
+
+    def _missing(self, split: str) -> str:
+        if split == "train" and self.path is not None:
+            return (f"task {self.task!r}: path={self.path!r} is the test file (every row is evaluated); "
+                    f"to train, pass train_path=TRAIN_FILE (with test_path=TEST_FILE), or split='hash' "
+                    f"(test_fraction={DEFAULT_TEST_FRACTION}) to hold out part of this one file")
+        return f"task {self.task!r} has no {split} data: pass {split}_path=FILE"
+
+
+class FileTask(Task):
+    """A task whose examples are the rows of a DataSource.
+
+    Subclasses implement `_example(row, where)` (a file row -> an example dict with "prompt") and
+    `_split_key(example)` (what identifies a problem: train never holds a test problem's key, and
+    split="hash" decides each row's split by it).
+    """
+
+    source: DataSource
+
+    def _init_source(self, source: DataSource) -> None:
+        self.source = source
+        self._rows: dict[str, list[dict[str, Any]]] = {}  # split -> examples, read on first use
+
+    def _example(self, row: dict[str, Any], where: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _split_key(self, example: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    def _split_rows(self, split: str) -> list[dict[str, Any]]:
+        if split not in self._rows:
+            if not self.source.has(split):
+                raise ValueError(self.source._missing(split))
+            # every record is turned into an example, so a malformed row fails whatever its split
+            rows = [self._example(row, where) for where, row in self.source.records(split)]
+            if self.source.mode == "hash":
+                tf = self.source.test_fraction
+                rows = [ex for ex in rows if is_test_key(self._split_key(ex), tf) == (split == "test")]
+            elif split == "train" and self.source.has("test"):  # files may overlap: never train on a test item
+                held = {self._split_key(ex) for ex in self._split_rows("test")}
+                rows = [ex for ex in rows if self._split_key(ex) not in held]
+            self._rows[split] = rows
+        return self._rows[split]
+
+    def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """n examples, cycling through seeded permutations of the train rows when n exceeds them."""
+        rows = self._split_rows("train")
+        rng = random.Random(f"{self.name}-train-{seed}")
+        out: list[dict[str, Any]] = []
+        while rows and len(out) < n:
+            order = list(range(len(rows)))
+            rng.shuffle(order)
+            out.extend(dict(rows[i]) for i in order[: n - len(out)])
+        return out
+
+    def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """min(n, size) distinct test examples, in a seeded order (n >= size: the whole test file)."""
+        rows = self._split_rows("test")
+        order = list(range(len(rows)))
+        random.Random(f"{self.name}-test-{seed}").shuffle(order)
+        return [dict(rows[i]) for i in order[:n]]
+
+
+def check_preset_format(task: str, preset: str | None, fmt: str | None, default: str) -> str:
+    """The task's format: `default` unless given; a preset (a paper's chat prompt) needs "chat"."""
+    if preset is None:
+        return default if fmt is None else fmt
+    if fmt not in (None, "chat"):
+        raise ValueError(f"task {task!r}: preset={preset!r} is a paper's chat prompt and needs format='chat', "
+                         f"got format={fmt!r}")
+    return "chat"
+
+
+class PresetMixin:
+    """The `preset=` task argument. Put it first among a task's bases: with a preset its prompt,
+    reward and metric replace the task's own; without one (the default) nothing changes."""
+
+    preset: Preset | None = None
+
+    def _init_preset(self, preset: str | None) -> None:
+        self.preset = None if preset is None else get_preset(preset, self.name)  # type: ignore[attr-defined]
+
+    def _preset_prompts(self, examples: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
+        if self.preset is None:
+            return examples
+        make = self.preset.prompt if split == "train" else self.preset.prompt_for_eval
+        for ex in examples:
+            ex["prompt"] = make({k: v for k, v in ex.items() if k != "prompt"})
+        return examples
+
+    def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        return self._preset_prompts(super().train_examples(n, seed), "train")  # type: ignore[misc]
+
+    def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        return self._preset_prompts(super().test_examples(n, seed), "test")  # type: ignore[misc]
+
+    def reward(self, completions: list[str], **columns: Any) -> list[float | None]:
+        if self.preset is None:
+            return super().reward(completions, **columns)  # type: ignore[misc]
+        return list(self.preset.reward(completions, **columns))
+
+    def metric(self, completions: list[str], **columns: Any) -> list[float]:
+        if self.preset is None:
+            return super().metric(completions, **columns)  # type: ignore[misc]
+        return [float(m) for m in self.preset.metric(completions, **columns)]
+
+    def correct(self, completions: list[str], **columns: Any) -> list[bool]:
+        if self.preset is None:
+            return super().correct(completions, **columns)  # type: ignore[misc]
+        return [m >= 1.0 for m in self.metric(completions, **columns)]
+
+    @property
+    def reward_parts(self) -> dict[str, list[float | None]] | None:
+        """Each part's scores of the last reward call, for the trainer's reward/<part> logs."""
+        if self.preset is None:
+            return getattr(super(), "reward_parts", None)
+        return getattr(self.preset.reward, "last_parts", None)
