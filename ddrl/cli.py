@@ -3,6 +3,7 @@
     ddrl pretrain CONFIG [key=value ...]      train a denoiser (masked / uniform / block) on task data
     ddrl train CONFIG [key=value ...]         RL fine-tuning; writes a run directory
     ddrl eval --model DIR --task NAME [--n N] [--split test] [--json] [sampler overrides]
+    ddrl eval --model DIR --task NAME --protocol d1 [--json]   a paper's evaluation (ddrl.eval.protocols)
     ddrl sample --model DIR --prompt TEXT [sampler overrides]
     ddrl demo                                  the main job on the CPU
     ddrl methods                               every registered objective/estimator with its paper
@@ -65,11 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "Dream, SDAR/TraDo or DiffusionGemma)")
     p.add_argument("--task", required=True, help="task name (see ddrl.tasks) or module:factory")
     p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="task constructor argument")
-    p.add_argument("--n", type=int, default=200, help="examples to evaluate (default 200)")
+    p.add_argument("--protocol", default=None,
+                   help="a paper's evaluation protocol (d1): its generation lengths, block, steps, prompt, parsers, "
+                        "metric and whole test set; --gen-length picks one of its lengths")
+    p.add_argument("--n", type=int, default=None,
+                   help="examples to evaluate (default 200; with --protocol the whole test set)")
     p.add_argument("--k", type=int, default=1, help="samples per example for pass@k (default 1)")
     p.add_argument("--split", default="test", choices=["test", "train"], help="which split (default test)")
     p.add_argument("--seed", type=int, default=0, help="example and sampling seed")
-    p.add_argument("--batch-size", type=int, default=64, help="prompts per sampler call")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="prompts per sampler call (default 64; with --protocol the paper's)")
     p.add_argument("--output", help="write per-example results to this JSONL file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _sampler_args(p)
@@ -163,10 +169,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from ddrl.tasks import get_task
 
     task = get_task(args.task, **_task_kwargs(args.task_arg))  # fail fast on a bad task name
+    if args.protocol is not None:
+        return _eval_protocol(args, task)
     model = load_model(args.model, trust_remote_code=args.trust_remote_code)
     sampler = default_sampler(model, task, **{k: getattr(args, k) for k in _SAMPLER_KEYS})
-    result = evaluate(model, task, n=args.n, sampler=sampler, seed=args.seed, k=args.k,
-                      batch_size=args.batch_size, output_jsonl=args.output, split=args.split)
+    result = evaluate(model, task, n=200 if args.n is None else args.n, sampler=sampler, seed=args.seed, k=args.k,
+                      batch_size=64 if args.batch_size is None else args.batch_size, output_jsonl=args.output,
+                      split=args.split)
     if args.json:
         print(json.dumps(result))
     else:
@@ -174,6 +183,29 @@ def _cmd_eval(args: argparse.Namespace) -> int:
               f"mean_reward={result['mean_reward']:.3f}  ({result['seconds']:.1f}s)")
         if args.k > 1:
             print(f"pass@{args.k}={result[f'pass@{args.k}']:.3f}")
+    return 0
+
+
+def _eval_protocol(args: argparse.Namespace, task: Any) -> int:
+    """`ddrl eval --protocol NAME`: every generation length of the paper's protocol, on its test set."""
+    from ddrl.eval.protocols import evaluate_protocol, get_protocol
+    from ddrl.models import load_model
+
+    protocol = get_protocol(args.protocol)  # an unknown name lists the registered ones, before loading
+    if args.split != "test":
+        raise ValueError(f"protocol {protocol.name!r} scores the paper's test set; drop --split {args.split}")
+    overrides = {k: getattr(args, k) for k in _SAMPLER_KEYS if k != "gen_length"}
+    lengths = None if args.gen_length is None else [args.gen_length]
+    model = load_model(args.model, trust_remote_code=args.trust_remote_code)
+    result = evaluate_protocol(model, task, protocol, n=args.n, seed=args.seed, k=args.k, batch_size=args.batch_size,
+                               lengths=lengths, overrides=overrides, output_jsonl=args.output)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"task {result['task']}  protocol {result['protocol']}  n={result['n']}")
+    for length, r in result["lengths"].items():
+        print(f"  gen_length {length:>4}: accuracy={r['accuracy']:.3f}  mean_reward={r['mean_reward']:.3f}  "
+              f"({r['seconds']:.1f}s)")
     return 0
 
 

@@ -6,25 +6,49 @@ Shared by pretraining, RL rollouts and evaluation, so that the three see prompts
 that ends a turn (a chat checkpoint's <|im_end|>, listed in its generation_config.json; see
 DiffusionLM.stop_token_ids). `model_stop_ids(model)` is the one place that reads them; the
 samplers' early exit, the completion mask and the decoded text all go through it.
+
+**Prompts** are a `str` (one user message) or a `ddrl.tasks.base.ChatPrompt` (a system message and
+assistant text pre-filled after the chat template's generation prompt, as d1's evaluation does).
+A Hugging Face tokenizer renders both through its chat template (HFTokenizer.encode_prompt); the
+compact SymbolTokenizer has no template, so it takes a ChatPrompt only when it is one user message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+if TYPE_CHECKING:  # ddrl.data sits below ddrl.tasks; the prompt type is read by its attributes
+    from ddrl.tasks.base import ChatPrompt
 
-def encode_prompts(tokenizer: Any, prompts: list[str], *, max_length: int | None = None,
+
+def prompt_parts(prompt: str | ChatPrompt) -> tuple[str, str | None, str]:
+    """(user, system, prefill) of a prompt: a str is one user message, without system or pre-fill."""
+    if isinstance(prompt, str):
+        return prompt, None, ""
+    try:
+        return prompt.user, prompt.system, prompt.prefill
+    except AttributeError:
+        raise TypeError(f"a prompt is a str or a ddrl.tasks.base.ChatPrompt, got {type(prompt).__name__}") from None
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[str | ChatPrompt], *, max_length: int | None = None,
                    add_bos: bool = True, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
-    """Tokenise and LEFT-pad prompts. Returns prompt_ids [B, P] long and prompt_mask [B, P] bool."""
+    """Tokenise and LEFT-pad prompts (str or ChatPrompt). Returns prompt_ids [B, P] long, prompt_mask [B, P] bool."""
     rows = []
-    for text in prompts:
-        if hasattr(tokenizer, "encode_prompt"):  # HF wrapper: chat template etc.
-            ids = list(tokenizer.encode_prompt(text))
+    for prompt in prompts:
+        if hasattr(tokenizer, "encode_prompt"):  # HF wrapper: chat template, system message, pre-fill
+            ids = list(tokenizer.encode_prompt(prompt))
         else:
+            text, system, prefill = prompt_parts(prompt)
+            if system is not None or prefill:
+                raise ValueError(
+                    f"{type(tokenizer).__name__} has no chat template, so a ChatPrompt's system message or "
+                    f"assistant pre-fill cannot be encoded (system={system!r}, prefill={prefill!r}); give this "
+                    f"model str prompts (task.format=compact) or use a Hugging Face model with a chat template")
             ids = list(tokenizer.encode(text))
             bos = getattr(tokenizer, "bos_token_id", None)
             if add_bos and bos is not None:

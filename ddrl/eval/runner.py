@@ -2,6 +2,13 @@
 
     result = evaluate(model, "mini_sudoku", n=200)
     # {"task": "mini_sudoku", "n": 200, "accuracy": 0.61, "mean_reward": 0.61, "sampler": {...}, ...}
+    result = evaluate(model, task, protocol="d1")   # a paper's protocol (ddrl.eval.protocols)
+
+**Accuracy** is the mean over examples of the task's per-item metric (`task.metric(completions,
+**columns) -> list[float]` in [0, 1]: 1/0 for a verdict, d1's Sudoku gives correct cells / blank
+cells) on each example's first sample; a task without `metric` counts `task.correct` (1/0).
+pass@k counts `task.correct`. A paper protocol scores with its preset's prompt, metric and reward
+instead of the task's (`Scoring`), and evaluates once per generation length.
 """
 
 from __future__ import annotations
@@ -10,8 +17,9 @@ import dataclasses
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -53,15 +61,65 @@ def _pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
+ScoreFn = Callable[..., list[Any]]
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """What an evaluation conditions on and how it scores; the task's own by default (task_scoring).
+
+    prompt:   example -> str | ChatPrompt.
+    reward:   reward(completions, **columns) -> list[float | None], on completions cut at the first stop token.
+    correct:  correct(texts, **columns) -> list[bool], for pass@k (and accuracy when metric is None).
+    metric:   metric(texts, **columns) -> list[float] in [0, 1], the per-item accuracy; None = correct.
+    raw_text: correct/metric read every generated token decoded with its special tokens, as d1's
+              evaluation does (batch_decode(..., skip_special_tokens=False)); False = the cut text.
+    """
+
+    prompt: Callable[[dict[str, Any]], Any]
+    reward: ScoreFn
+    correct: ScoreFn
+    metric: ScoreFn | None = None
+    raw_text: bool = False
+
+
+def task_scoring(task: Any) -> Scoring:
+    """The task's prompt column, reward, correct and, when it defines its own, its per-item metric.
+
+    Task.metric's default is `correct` as 1/0, the same accuracy; it is not called a second time
+    (a code task's correct runs its tests)."""
+    from ddrl.tasks.base import Task
+
+    metric = getattr(task, "metric", None)
+    if metric is not None and getattr(type(task), "metric", None) is Task.metric:
+        metric = None
+    return Scoring(prompt=lambda ex: ex["prompt"], reward=task.reward, correct=task.correct, metric=metric)
+
+
 @torch.no_grad()
-def evaluate(model: Any, task: Any, n: int = 200, *, sampler: SamplerConfig | dict | None = None,
+def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerConfig | dict | None = None,
              seed: int = 0, k: int = 1, batch_size: int = 64, examples: list[dict] | None = None,
-             output_jsonl: str | Path | None = None, split: str = "test") -> dict[str, Any]:
-    """Sample k completions for each of n held-out examples; score them with the task's reward."""
+             output_jsonl: str | Path | None = None, split: str = "test",
+             protocol: Any = None) -> dict[str, Any]:
+    """Sample k completions for each of n (default 200) held-out examples; score them with the task.
+
+    protocol: a paper protocol's name or Protocol (ddrl.eval.protocols.evaluate_protocol, whose result
+    this returns): its sampler per generation length, its preset's prompt and metric, and its test
+    set (the whole of it when n is None). sampler/split do not apply to a protocol.
+    """
     from ddrl.tasks import get_task
 
     if isinstance(task, str):
         task = get_task(task)
+    if protocol is not None:
+        from ddrl.eval.protocols import evaluate_protocol
+
+        if sampler is not None or split != "test":
+            raise ValueError("a paper protocol fixes the sampler and scores the test split; pass sampler "
+                             "overrides as evaluate_protocol(..., overrides={...})")
+        return evaluate_protocol(model, task, protocol, n=n, seed=seed, k=k, batch_size=batch_size,
+                                 examples=examples, output_jsonl=output_jsonl)
+    n = 200 if n is None else n
     if isinstance(sampler, dict):
         sampler = default_sampler(model, task, **sampler)
     sampler = sampler or default_sampler(model, task)
@@ -75,11 +133,28 @@ def evaluate(model: Any, task: Any, n: int = 200, *, sampler: SamplerConfig | di
             examples = task.test_examples(n=n, seed=seed)
     if not examples:
         raise ValueError(f"task {task.name!r} returned no {split} examples; check its data path/arguments")
+    rows, stats = sample_and_score(model, examples, sampler, task_scoring(task), seed=seed, k=k,
+                                   batch_size=batch_size)
+    result = {"task": task.name, **summarize(rows), "k": k, "sampler": dataclasses.asdict(sampler), **stats}
+    if k > 1:
+        result.update(pass_at_k(rows, k))
+    if output_jsonl is not None:
+        write_rows(output_jsonl, rows)
+    return result
+
+
+def sample_and_score(model: Any, examples: list[dict], sampler: SamplerConfig, scoring: Scoring, *,
+                     seed: int = 0, k: int = 1, batch_size: int = 64) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """k completions per example, scored. Returns (one row per example, {"seconds", "model_calls"}).
+
+    Row: prompt, completions (cut at the first stop token), rewards, correct, metric (when scored
+    with one) and raw_completions (with raw_text)."""
     device = next(model.parameters()).device
     max_prompt = None
     if getattr(model, "max_seq_len", None):
         max_prompt = model.max_seq_len - sampler.gen_length
     sample_fn = SAMPLERS.get(sampler.name)
+    stop_ids = model_stop_ids(model)
     was_training = model.training
     model.eval()
     start = time.perf_counter()
@@ -87,40 +162,56 @@ def evaluate(model: Any, task: Any, n: int = 200, *, sampler: SamplerConfig | di
     nfe = 0
     for lo in range(0, len(examples), batch_size):
         chunk = examples[lo: lo + batch_size]
-        prompts = [ex["prompt"] for ex in chunk for _ in range(k)]
-        prompt_ids, prompt_mask = encode_prompts(model.tokenizer, prompts, max_length=max_prompt, device=device)
+        prompts = [scoring.prompt(ex) for ex in chunk]
+        prompt_ids, prompt_mask = encode_prompts(model.tokenizer, [p for p in prompts for _ in range(k)],
+                                                 max_length=max_prompt, device=device)
         g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + lo)
         out = sample_fn(model, prompt_ids, prompt_mask, sampler, generator=g)
         nfe += out.nfe
-        texts = decode_completions(model.tokenizer, out.completion_ids, model_stop_ids(model))
+        texts = decode_completions(model.tokenizer, out.completion_ids, stop_ids)
+        scored = texts
+        if scoring.raw_text:  # every generated token, special tokens included (d1's decode)
+            scored = [model.tokenizer.decode(row, skip_special_tokens=False) for row in out.completion_ids.tolist()]
         columns = {c: [ex.get(c) for ex in chunk for _ in range(k)] for c in chunk[0] if c != "prompt"}
-        rewards = task.reward(texts, **columns)
-        correct = task.correct(texts, **columns)
-        for j, ex in enumerate(chunk):
-            rs = rewards[j * k:(j + 1) * k]
-            cs = correct[j * k:(j + 1) * k]
-            rows.append({"prompt": ex["prompt"], "completions": texts[j * k:(j + 1) * k],
-                         "rewards": [None if r is None else float(r) for r in rs], "correct": [bool(c) for c in cs]})
+        rewards = scoring.reward(texts, **columns)
+        correct = scoring.correct(scored, **columns)
+        metric = scoring.metric(scored, **columns) if scoring.metric is not None else None
+        for j, prompt in enumerate(prompts):
+            part = slice(j * k, (j + 1) * k)
+            row = {"prompt": _jsonable_prompt(prompt), "completions": texts[part],
+                   "rewards": [None if r is None else float(r) for r in rewards[part]],
+                   "correct": [bool(c) for c in correct[part]]}
+            if metric is not None:
+                row["metric"] = [float(m) for m in metric[part]]
+            if scoring.raw_text:
+                row["raw_completions"] = scored[part]
+            rows.append(row)
     model.train(was_training)
-    elapsed = time.perf_counter() - start
+    return rows, {"seconds": round(time.perf_counter() - start, 3), "model_calls": nfe}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """n, accuracy (mean per-item metric of each example's first sample, else its correct), mean_reward."""
     valid = [r for row in rows for r in row["rewards"] if r is not None and math.isfinite(r)]
-    result: dict[str, Any] = {
-        "task": task.name,
-        "n": len(rows),
-        "accuracy": sum(row["correct"][0] for row in rows) / len(rows),
-        "mean_reward": sum(valid) / len(valid) if valid else 0.0,
-        "k": k,
-        "sampler": dataclasses.asdict(sampler),
-        "seconds": round(elapsed, 3),
-        "model_calls": nfe,
-    }
-    if k > 1:
-        result[f"pass@{k}"] = sum(_pass_at_k(k, sum(row["correct"]), k) for row in rows) / len(rows)
-        result["pass@1"] = sum(sum(row["correct"]) / k for row in rows) / len(rows)
-    if output_jsonl is not None:
-        path = Path(output_jsonl)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-    return result
+    first = [row["metric"][0] if "metric" in row else row["correct"][0] for row in rows]
+    return {"n": len(rows), "accuracy": sum(first) / len(rows),
+            "mean_reward": sum(valid) / len(valid) if valid else 0.0}
+
+
+def pass_at_k(rows: list[dict[str, Any]], k: int) -> dict[str, float]:
+    """pass@k and pass@1 over the k samples of each row, from `correct`."""
+    return {f"pass@{k}": sum(_pass_at_k(k, sum(row["correct"]), k) for row in rows) / len(rows),
+            "pass@1": sum(sum(row["correct"]) / k for row in rows) / len(rows)}
+
+
+def write_rows(path: str | Path, rows: list[dict[str, Any]]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def _jsonable_prompt(prompt: Any) -> Any:
+    """A str stays; a ChatPrompt (a dataclass) becomes {"user", "system", "prefill"} for the JSONL."""
+    return dataclasses.asdict(prompt) if dataclasses.is_dataclass(prompt) else prompt

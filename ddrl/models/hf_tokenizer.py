@@ -19,11 +19,15 @@ fails before any weights are read.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from ddrl.data import prompt_parts
 from ddrl.models.io import ModelDirectoryError
+
+if TYPE_CHECKING:
+    from ddrl.tasks.base import ChatPrompt
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -31,10 +35,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 class HFTokenizer:
     """A Hugging Face tokenizer with the attributes and methods the rest of ddrl reads.
 
-    encode(text) adds no special tokens; encode_prompt(text) applies the chat template (one user
-    turn + the generation prompt) when the tokenizer has one, else prepends BOS. Prompts are
-    left-padded (padding_side), like the built-in SymbolTokenizer's. decode skips ids the
-    tokenizer does not have (a model vocabulary padded past the tokenizer's, as Dream's is).
+    encode(text) adds no special tokens; encode_prompt(prompt) renders a str (one user turn) or a
+    ChatPrompt (system turn, user turn, assistant pre-fill) with the chat template when the tokenizer
+    has one, else prepends BOS (encode_prompt's docstring). Prompts are left-padded (padding_side),
+    like the built-in SymbolTokenizer's. decode skips ids the tokenizer does not have (a model
+    vocabulary padded past the tokenizer's, as Dream's is).
     """
 
     padding_side = "left"
@@ -61,13 +66,40 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def encode_prompt(self, text: str) -> list[int]:
-        if self.has_chat_template:
-            rendered = self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                          add_generation_prompt=True, tokenize=False)
-            return self.encode(rendered)  # the template writes its own BOS
-        ids = self.encode(text)
-        return ids if self.bos_token_id is None else [self.bos_token_id] + ids
+    def encode_prompt(self, prompt: str | ChatPrompt) -> list[int]:
+        """The ids the model is conditioned on, ending where its completion starts.
+
+        With a chat template: [system turn] + user turn + the generation prompt, rendered as text,
+        then the pre-fill appended to that text and the whole tokenised at once, so the completion
+        continues the pre-filled assistant text (d1's evaluation: `tokenizer(rendered + "<reasoning>")`).
+        The template writes its own BOS. A template that refuses a system turn (it raises) or drops it
+        is an error: put the system text into the user message instead, as d1 does. Without a
+        template: BOS + user text + pre-fill; a system message is an error.
+        """
+        user, system, prefill = prompt_parts(prompt)
+        if not self.has_chat_template:
+            if system is not None:
+                raise ValueError(f"this tokenizer ({type(self.tokenizer).__name__}) has no chat template, so a "
+                                 f"ChatPrompt's system message cannot be placed; put it into the user text")
+            ids = self.encode(user + prefill)
+            return ids if self.bos_token_id is None else [self.bos_token_id] + ids
+        messages = [{"role": "user", "content": user}]
+        if system is not None:
+            messages.insert(0, {"role": "system", "content": system})
+        from jinja2 import TemplateError  # transformers renders chat templates with jinja2
+
+        try:
+            rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except (TemplateError, ValueError) as e:  # a template's raise_exception("System role not supported")
+            if system is None:
+                raise
+            raise ValueError(f"the chat template of this tokenizer does not take a system message ({e}); "
+                             f"put the system text into the user message (ChatPrompt(user=system + '\\n\\n' + "
+                             f"user))") from None
+        if system is not None and system.strip() not in rendered:
+            raise ValueError("the chat template of this tokenizer drops the system message; put the system text "
+                             "into the user message (ChatPrompt(user=system + '\\n\\n' + user))")
+        return self.encode(rendered + prefill)
 
     def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
         if isinstance(ids, Tensor):

@@ -44,6 +44,11 @@ class Task:
         """n held-out examples, deterministic in seed, disjoint from every train split."""
         raise NotImplementedError
 
+    def all_test_examples(self) -> list[dict[str, Any]] | None:
+        """Every test example in the test set's own order, when the task has a fixed test set (a
+        paper's test file; what its tables score); None for a procedural generator."""
+        return None
+
     def reward(self, completions: list[str], **columns: list[Any]) -> list[float | None]:
         """One score per completion; columns are lists aligned with completions."""
         raise NotImplementedError

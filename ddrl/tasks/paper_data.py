@@ -190,6 +190,10 @@ class FileTask(Task):
             out.extend(dict(rows[i]) for i in order[: n - len(out)])
         return out
 
+    def all_test_examples(self) -> list[dict[str, Any]]:
+        """The whole test split in file order (the order a paper's evaluation and subsample use)."""
+        return [dict(r) for r in self._split_rows("test")]
+
     def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """min(n, size) distinct test examples, in a seeded order (n >= size: the whole test file)."""
         rows = self._split_rows("test")
@@ -230,6 +234,10 @@ class PresetMixin:
 
     def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         return self._preset_prompts(super().test_examples(n, seed), "test")  # type: ignore[misc]
+
+    def all_test_examples(self) -> list[dict[str, Any]] | None:
+        rows = super().all_test_examples()  # type: ignore[misc]
+        return None if rows is None else self._preset_prompts(rows, "test")
 
     def reward(self, completions: list[str], **columns: Any) -> list[float | None]:
         if self.preset is None:
