@@ -1,0 +1,206 @@
+"""Every paper recipe (configs/paper/**.yaml) starts: config, task on tiny files in its paper's data
+format, a tiny checkpoint in the official layout, and one RL step with a finite loss.
+
+The recipes name placeholder paths (/path/to/...); the test points them at files it writes in the
+papers' formats (GSM8K jsonl, MATH rows, d1's Countdown jsonl and the hub's, d1's Sudoku CSV, MBPP
+jsonl) and at tests/fixtures/{llada,dream}/model (official hub layouts, 2 layers). URSA's format is
+out of scope: the UDM-GRPO recipe runs on the shipped uniform model (checkpoints/digits-uniform).
+
+Only the size of the run is shrunk (steps, prompts, group, lengths, LoRA rank, fp32 on CPU); the
+task, its arguments, the preset, the method, its objective/estimator arguments, LoRA target modules
+and the loop options are the recipe's, so a recipe with a missing task argument, a wrong field, an
+unknown preset or LoRA names that match nothing fails here.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ddrl.config import RLConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+PAPER = ROOT / "configs/paper"
+RECIPES = sorted(PAPER.rglob("*.yaml"))
+MODELS = {"llada": ROOT / "tests/fixtures/llada/model", "dream": ROOT / "tests/fixtures/dream/model",
+          "uniform": ROOT / "checkpoints/digits-uniform"}
+FILE_TASKS = ("gsm8k", "math500", "countdown", "sudoku4x4", "mbpp")  # tasks read from train_path/test_path
+FULL_FT = ("stable_drl", "coupled_grpo", "tracerl", "udm_grpo", "unigrpo")  # released as full fine-tuning
+
+
+def _family(cfg: RLConfig, path: Path) -> str:
+    """Which tiny checkpoint stands in for the recipe's model (by its placeholder path)."""
+    name = Path(cfg.model.path or "").name.lower()
+    if "llada" in name:
+        return "llada"
+    if "dream" in name or "diffucoder" in name:
+        return "dream"
+    if "ursa" in name:
+        return "uniform"
+    raise AssertionError(f"{path}: model.path {cfg.model.path!r} names no known family (LLaDA, Dream/DiffuCoder, "
+                         f"URSA); add its tiny checkpoint to MODELS")
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _csv(path: Path, rows: list[tuple[str, str]]) -> str:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Puzzle", "Solution"])
+        w.writerows(rows)
+    return str(path)
+
+
+def write_task_files(task: str, d: Path) -> tuple[str, str]:
+    """(train file, test file) of a few rows in the format the papers ship for `task`."""
+    if task == "gsm8k":  # openai/gsm8k main
+        q = [("Tom has 3 apples and buys 2 more. How many apples?", "3 + 2 = <<3+2=5>>5\n#### 5"),
+             ("A box holds 4 pens. How many pens are in 3 boxes?", "4 * 3 = <<4*3=12>>12\n#### 12"),
+             ("Sam ran 7 km on Monday and 5 km on Tuesday. How far in all?", "7 + 5 = 12\n#### 12"),
+             ("There are 9 birds; 4 fly away. How many are left?", "9 - 4 = 5\n#### 5")]
+        rows = [{"question": a, "answer": b} for a, b in q]
+        return _jsonl(d / "gsm8k_train.jsonl", rows[:3]), _jsonl(d / "gsm8k_test.jsonl", rows[3:])
+    if task == "math500":  # ankner/math-500 train (no answer field) / HuggingFaceH4/MATH-500 test
+        train = [{"problem": "What is $2+3$?", "solution": "$2+3=\\boxed{5}$."},
+                 {"problem": "Compute $\\frac{6}{3}$.", "solution": "It is $\\boxed{2}$."},
+                 {"problem": "What is $4^2$?", "solution": "$4^2 = \\boxed{16}$."}]
+        test = [{"problem": "What is $10-7$?", "solution": "$10-7=\\boxed{3}$.", "answer": "3",
+                 "subject": "Prealgebra", "level": 1, "unique_id": "test/prealgebra/1.json"}]
+        return _jsonl(d / "math_train.jsonl", train), _jsonl(d / "math500_test.jsonl", test)
+    if task == "countdown":  # Countdown-Tasks-3to4 rows (train) / d1's countdown_cd3_test.jsonl (test)
+        train = [{"target": 23, "nums": [30, 100, 93]}, {"target": 12, "nums": [3, 4, 1]},
+                 {"target": 10, "nums": [2, 5, 1]}]
+        test = [{"input": "30,100,93", "output": "23"}, {"input": "6,7,2", "output": "40"}]
+        return _jsonl(d / "countdown_train.jsonl", train), _jsonl(d / "countdown_cd3_test.jsonl", test)
+    if task == "sudoku4x4":  # d1's CSVs: Puzzle,Solution, 16-char strings, 0 = blank
+        train = [("1034300221404300", "1234341221434321"), ("0204301020000320", "1234341221434321"),
+                 ("4001020000300104", "4321213412433412")]
+        test = [("0230001220010320", "1234341221434321")]
+        return _csv(d / "4x4_sudoku_unique_puzzles.csv", train), _csv(d / "4x4_test_sudoku.csv", test)
+    if task == "mbpp":  # the original mbpp.jsonl rows
+        rows = [{"task_id": 601 + i, "text": f"Write a function add{i}(a, b) that returns a + b + {i}.",
+                 "code": f"def add{i}(a, b):\n    return a + b + {i}",
+                 "test_list": [f"assert add{i}(1, 2) == {3 + i}"], "test_setup_code": "", "challenge_test_list": []}
+                for i in range(3)]
+        test = [{"task_id": 11, "text": "Write a function double(x) that returns 2 * x.",
+                 "code": "def double(x):\n    return 2 * x", "test_list": ["assert double(2) == 4"],
+                 "test_setup_code": "", "challenge_test_list": []}]
+        return _jsonl(d / "mbpp_train.jsonl", rows), _jsonl(d / "mbpp_test.jsonl", test)
+    raise AssertionError(f"no tiny files for task {task!r}")
+
+
+def _model_dir(family: str, tmp_path: Path) -> Path:
+    """The tiny checkpoint of `family`. The Dream fixture's config allows 128 positions, fewer than a
+    paper prompt's tokens; a copy with a longer max_position_embeddings (RoPE: any length) holds them."""
+    if family != "dream":
+        return MODELS[family]
+    out = tmp_path / "dream-model"
+    shutil.copytree(MODELS["dream"], out)
+    config = json.loads((out / "config.json").read_text())
+    config["max_position_embeddings"] = 2048
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def _shrink(cfg: RLConfig, family: str, tmp_path: Path) -> list[str]:
+    """Overrides that keep the recipe's method, task and options but make the run tiny."""
+    t = cfg.train
+    out = [f"model.path={_model_dir(family, tmp_path)}", "model.dtype=float32", "model.bf16_autocast=false",
+           "train.steps=1", "train.prompts_per_step=2", "train.group_size=2", "train.micro_batch_size=null",
+           f"train.minibatches={min(t.minibatches, 2)}", f"train.num_iterations={min(t.num_iterations, 2)}",
+           "train.tensorboard=false", "train.progress=false", "train.save_every=0",
+           "eval.n=0", "eval.before=false", "eval.every=0", "dist.strategy=none", f"output_dir={tmp_path / 'run'}"]
+    if cfg.model.lora.rank > 0:
+        out += ["model.lora.rank=4", "model.lora.alpha=8"]
+    if family == "uniform":  # a digits image is 64 tokens; the sampler's step count is what shrinks
+        out += ["rollout.gen_length=64", "rollout.steps=2"]
+    else:
+        out += ["rollout.gen_length=8", "rollout.steps=8"]
+        if cfg.rollout.name in ("masked", "block"):
+            out.append("rollout.block_length=8")
+    if "block_length" in cfg.method.estimator_args:
+        out.append("method.estimator_args.block_length=8")  # SPG's per-block masks: one block of 8
+    if t.group_filter is not None:  # 8 tokens never reach a stop token: every answer would count as cut off
+        out.append("train.truncated_reward=null")
+    if cfg.task.name in FILE_TASKS:
+        for key in ("train_path", "test_path"):
+            value = cfg.task.args.get(key)
+            assert isinstance(value, str) and value.startswith("/path/to/"), (
+                f"task.args.{key} must name the paper's file as a /path/to/... placeholder, got {value!r}")
+        train, test = write_task_files(cfg.task.name, tmp_path)
+        out += [f"task.args.train_path={train}", f"task.args.test_path={test}"]
+    return out
+
+
+def _recipe_id(p: Path) -> str:
+    return str(p.relative_to(PAPER))
+
+
+def test_every_method_has_its_main_recipe():
+    mains = {p.stem for p in PAPER.glob("*.yaml")}
+    assert len(mains) == 16, sorted(mains)
+    for sub in (p for p in PAPER.iterdir() if p.is_dir()):
+        assert any(m.startswith(sub.name + "_") for m in mains), f"configs/paper/{sub.name}/ has no main recipe"
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=_recipe_id)
+def test_recipe_states_its_units_and_precision(path):
+    """The header converts the paper's optimizer steps to ddrl's rollouts; precision follows the rules."""
+    text = path.read_text()
+    header = " ".join(line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#"))
+    assert "optimizer step" in header, f"{path}: the header must state the paper's optimizer steps and the conversion"
+    cfg = load_config(path, cls=RLConfig)
+    if path.parent != PAPER:  # per-task recipes inherit the method's main recipe
+        assert re.search(rf"^base: \.\./{path.parent.name}_\w+\.yaml$", text, re.M), (
+            f"{path}: a per-task recipe starts with base: ../{path.parent.name}_<model>.yaml")
+    if cfg.model.lora.rank == 0:
+        assert (cfg.model.dtype, cfg.model.bf16_autocast, cfg.dist.strategy) == ("float32", True, "fsdp"), (
+            f"{path}: full fine-tuning keeps fp32 master weights with bf16 compute under FSDP")
+    else:
+        assert cfg.model.dtype == "bfloat16", f"{path}: LoRA recipes keep a bf16 base"
+    method = path.stem.rsplit("_", 1)[0] if path.parent == PAPER else path.parent.name
+    if method in FULL_FT:
+        assert cfg.model.lora.rank == 0, f"{path}: {method} was released as full fine-tuning"
+    t = cfg.train
+    assert t.prompts_per_step % t.minibatches == 0
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=_recipe_id)
+def test_recipe_starts_on_tiny_files_and_checkpoint(path, tmp_path):
+    from ddrl.training.trainer import Trainer
+
+    cfg = load_config(path, cls=RLConfig)
+    family = _family(cfg, path)
+    small = load_config(path, _shrink(cfg, family, tmp_path), RLConfig)
+    trainer = Trainer(small)
+    assert trainer.task.name == cfg.task.name
+    preset = cfg.task.args.get("preset")
+    if preset is not None:
+        assert trainer.task.preset is not None and trainer.task.preset.paper == preset
+    if cfg.model.lora.rank > 0:  # every target name adapts a layer of the real family's backbone
+        adapted = {n.rsplit(".", 1)[-1] for n, m in trainer.model.model.named_modules() if hasattr(m, "lora_A")}
+        assert adapted == set(cfg.model.lora.target_modules), (
+            f"{path}: LoRA adapted {sorted(adapted)}, the recipe names {sorted(cfg.model.lora.target_modules)}")
+    if small.train.group_filter is not None:
+        # The tiny model's answers all score 0, so the filter would drop every group and skip the
+        # update: the task's reward still runs, then each group gets one right and one wrong answer.
+        task_reward = trainer.task.reward
+
+        def one_right_one_wrong(completions, **columns):
+            task_reward(completions, **columns)
+            return [float(i % 2) for i in range(len(completions))]
+
+        trainer.task.reward = one_right_one_wrong
+    metrics = trainer.train_step(1)
+    assert metrics.get("update/skipped") != 1.0, metrics
+    assert "loss" in metrics and math.isfinite(metrics["loss"]), metrics
+    assert metrics["optimizer_steps"] == small.train.num_iterations * small.train.minibatches
