@@ -28,7 +28,7 @@ from typing import Any
 from ddrl.registry import TASKS
 from ddrl.rewards.code import code_reward
 from ddrl.tasks import Task, check_format
-from ddrl.tasks.math_tasks import read_records
+from ddrl.tasks.paper_data import PresetMixin, read_records
 
 FORMATS = ("chat", "completion")
 
@@ -141,8 +141,9 @@ def load_humaneval_problems() -> list[dict[str, Any]]:
 
 
 @TASKS.register("mbpp")
-class MbppTask(CodeTask):
-    """MBPP (Austin et al. 2021): crowd-sourced Python problems with three asserts each."""
+class MbppTask(PresetMixin, CodeTask):
+    """MBPP (Austin et al. 2021): crowd-sourced Python problems with three asserts each.
+    `preset="diffucoder"` uses DiffuCoder's prompt, reward and metric (ddrl.rewards.peers)."""
 
     name = "mbpp"
 
@@ -152,9 +153,11 @@ class MbppTask(CodeTask):
         *,
         train_path: str | None = None,
         test_path: str | None = None,
+        preset: str | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        self._init_preset(preset)
         if (path is None) == (train_path is None and test_path is None):
             raise ValueError(
                 "mbpp needs a local file: task.args.path=mbpp.jsonl (split by task id), "
@@ -196,7 +199,10 @@ class MbppTask(CodeTask):
     def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         if not self._train:
             raise ValueError("mbpp: no train rows (all task ids are in the test range 11-510); pass train_path=")
-        return self._train_sample(self._train, n, seed)
+        return self._preset_prompts(self._train_sample(self._train, n, seed), "train")
 
     def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
-        return self._test_sample(self._test, n, seed)
+        return self._preset_prompts(self._test_sample(self._test, n, seed), "test")
+
+    def all_test_examples(self) -> list[dict[str, Any]]:
+        return self._preset_prompts([dict(r) for r in self._test], "test")

@@ -202,3 +202,24 @@ def test_reward_never_raises_on_odd_input():
     assert code_reward([], tests=[]) == []
     assert code_reward(["x"], tests=[None]) == [0.0]
     assert HumanEvalTask().reward(["x"]) == [None]  # no tests column: not applicable
+
+
+def test_mbpp_takes_diffucoders_preset(tmp_path):
+    import json
+
+    from ddrl.tasks import get_task
+    from ddrl.tasks.base import ChatPrompt
+
+    rows = [{"task_id": 600, "text": "Write sub(a, b).", "code": "", "test_list": ["assert sub(3, 2) == 1"]},
+            {"task_id": 1, "text": "Write add(a, b).", "code": "", "test_list": ["assert add(1, 2) == 3"]}]
+    (tmp_path / "train.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    (tmp_path / "test.jsonl").write_text(json.dumps(rows[1]) + "\n")
+    task = get_task("mbpp", train_path=str(tmp_path / "train.jsonl"), test_path=str(tmp_path / "test.jsonl"),
+                    preset="diffucoder")
+    ex = task.test_examples(1)[0]
+    assert isinstance(ex["prompt"], ChatPrompt) and ex["prompt"].system == "You are a helpful assistant."
+    assert [e["prompt"] for e in task.all_test_examples()] == [ex["prompt"]]
+    assert isinstance(task.train_examples(1)[0]["prompt"], ChatPrompt)
+    good, unfenced = "```python\ndef add(a, b):\n    return a + b\n```\n", "def add(a, b):\n    return a + b\n"
+    cols = {k: [ex[k]] * 2 for k in ex if k != "prompt"}
+    assert task.reward([good, unfenced], **cols) == [2.5, 0.0]  # 2.0 x tests passed + 0.5 x format (DiffuCoder)
