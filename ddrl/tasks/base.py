@@ -8,10 +8,30 @@ list[float | None]`, and never raise or hang.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 RewardFn = Callable[..., list[float | None]]
+
+
+def train_cycle(rows: Sequence[dict[str, Any]], n: int, key: str) -> list[dict[str, Any]]:
+    """n rows (fresh dicts) in seeded permutations of `rows`, one epoch after another: the training
+    stream of a fixed dataset. `key` seeds it ("<task>-train-<seed>")."""
+    rng = random.Random(key)
+    out: list[dict[str, Any]] = []
+    while rows and len(out) < n:
+        order = list(range(len(rows)))
+        rng.shuffle(order)
+        out.extend(dict(rows[i]) for i in order[: n - len(out)])
+    return out
+
+
+def held_out_sample(rows: Sequence[dict[str, Any]], n: int, key: str) -> list[dict[str, Any]]:
+    """min(n, len(rows)) distinct rows (fresh dicts) in a seeded order ("<task>-test-<seed>")."""
+    order = list(range(len(rows)))
+    random.Random(key).shuffle(order)
+    return [dict(rows[i]) for i in order[: max(0, n)]]
 
 
 @dataclass(frozen=True)

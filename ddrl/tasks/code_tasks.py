@@ -22,12 +22,12 @@ gold "canonical_solution". Reward: code_reward, 1.0 when every test passes.
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from ddrl.registry import TASKS
 from ddrl.rewards.code import code_reward
 from ddrl.tasks import Task, check_format
+from ddrl.tasks.base import held_out_sample, train_cycle
 from ddrl.tasks.paper_data import PresetMixin, read_records
 
 FORMATS = ("chat", "completion")
@@ -86,20 +86,10 @@ class CodeTask(Task):
         )
 
     def _test_sample(self, rows: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
-        """min(n, size) distinct rows in a seeded order, as fresh dicts."""
-        order = list(range(len(rows)))
-        random.Random(f"{self.name}-test-{seed}").shuffle(order)
-        return [dict(rows[i]) for i in order[: max(0, n)]]
+        return held_out_sample(rows, n, f"{self.name}-test-{seed}")
 
     def _train_sample(self, rows: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
-        """n rows, cycling through seeded permutations when n exceeds the split."""
-        rng = random.Random(f"{self.name}-train-{seed}")
-        out: list[dict[str, Any]] = []
-        while rows and len(out) < n:
-            order = list(range(len(rows)))
-            rng.shuffle(order)
-            out.extend(dict(rows[i]) for i in order[: n - len(out)])
-        return out
+        return train_cycle(rows, n, f"{self.name}-train-{seed}")
 
 
 @TASKS.register("humaneval")

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import csv
 import json
-import random
 from pathlib import Path
 from typing import Any
 
 from ddrl.tasks import is_test_key
-from ddrl.tasks.base import Task
+from ddrl.tasks.base import Task, held_out_sample, train_cycle
 from ddrl.tasks.presets import Preset, get_preset
 
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
@@ -181,14 +180,7 @@ class FileTask(Task):
 
     def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """n examples, cycling through seeded permutations of the train rows when n exceeds them."""
-        rows = self._split_rows("train")
-        rng = random.Random(f"{self.name}-train-{seed}")
-        out: list[dict[str, Any]] = []
-        while rows and len(out) < n:
-            order = list(range(len(rows)))
-            rng.shuffle(order)
-            out.extend(dict(rows[i]) for i in order[: n - len(out)])
-        return out
+        return train_cycle(self._split_rows("train"), n, f"{self.name}-train-{seed}")
 
     def all_test_examples(self) -> list[dict[str, Any]]:
         """The whole test split in file order (the order a paper's evaluation and subsample use)."""
@@ -196,10 +188,7 @@ class FileTask(Task):
 
     def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """min(n, size) distinct test examples, in a seeded order (n >= size: the whole test file)."""
-        rows = self._split_rows("test")
-        order = list(range(len(rows)))
-        random.Random(f"{self.name}-test-{seed}").shuffle(order)
-        return [dict(rows[i]) for i in order[:n]]
+        return held_out_sample(self._split_rows("test"), n, f"{self.name}-test-{seed}")
 
 
 def check_preset_format(task: str, preset: str | None, fmt: str | None, default: str) -> str:

@@ -15,11 +15,10 @@ reward that raises or returns the wrong number of scores (it scores 0.0 instead)
 from __future__ import annotations
 
 import importlib
-import random
 from typing import Any, Callable, Sequence
 
 from ddrl.registry import TASKS
-from ddrl.tasks.base import RewardFn, Task
+from ddrl.tasks.base import RewardFn, Task, held_out_sample, train_cycle
 
 ExamplesFn = Callable[[int, int], list[dict[str, Any]]]
 
@@ -49,16 +48,6 @@ def load_task(name_or_path: str, **kwargs: Any) -> Task:
         raise TypeError(f"{name_or_path!r} returned {type(task).__name__}, which lacks {', '.join(missing)}; "
                         f"return a ddrl.tasks.base.Task (FunctionTask wraps prompts + a reward function)")
     return task
-
-
-def _seeded_cycle(rows: Sequence[dict[str, Any]], n: int, rng: random.Random) -> list[dict[str, Any]]:
-    """n rows in seeded permutations of `rows`, one epoch after another."""
-    out: list[dict[str, Any]] = []
-    while rows and len(out) < n:
-        order = list(range(len(rows)))
-        rng.shuffle(order)
-        out.extend(dict(rows[i]) for i in order[: n - len(out)])
-    return out
 
 
 class FunctionTask(Task):
@@ -99,16 +88,14 @@ class FunctionTask(Task):
     def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         if callable(self._train):
             return list(self._train(n, seed))
-        return _seeded_cycle(self._train, n, random.Random(f"{self.name}-train-{seed}"))
+        return train_cycle(self._train, n, f"{self.name}-train-{seed}")
 
     def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         if self._test is None:
             raise ValueError(f"task {self.name!r} has no test examples; pass test_examples=")
         if callable(self._test):
             return list(self._test(n, seed))
-        order = list(range(len(self._test)))
-        random.Random(f"{self.name}-test-{seed}").shuffle(order)
-        return [dict(self._test[i]) for i in order[:n]]
+        return held_out_sample(self._test, n, f"{self.name}-test-{seed}")
 
     def reward(self, completions: list[str], **columns: Any) -> list[float | None]:
         n = len(completions)

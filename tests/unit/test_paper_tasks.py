@@ -223,6 +223,7 @@ def test_mini_sudoku_is_still_the_generator():
 @pytest.fixture
 def test_presets(monkeypatch):
     """A paper 'testpaper' with presets for gsm8k, countdown and sudoku4x4, registered for this test only."""
+    presets._load_all()  # register the shipped presets first, so the snapshot restored afterwards holds them
     monkeypatch.setattr(presets, "_PRESETS", dict(presets._PRESETS))
     calls = []
 
