@@ -445,6 +445,13 @@ def validate_sampler(s: SamplerConfig, key: str = "rollout") -> None:
             )
 
 
+# Why bf16 trainable weights are refused (config validation and build_optimizer say the same).
+BF16_TRAINING = ("trainable parameters in bfloat16 learn nothing: an AdamW update of lr ~1e-6 on a weight of "
+                 "~0.02 is below half a bf16 ulp and rounds to zero. Keep fp32 master weights with bf16 compute "
+                 "(model.dtype=float32 model.bf16_autocast=true; FSDP shards them) or train LoRA adapters "
+                 "(model.lora.rank>0: peft keeps them in fp32 over a bf16 base)")
+
+
 def validate(cfg: Any) -> None:
     from ddrl.registry import ESTIMATORS, OBJECTIVES, PROCESSES, TASKS
 
@@ -454,6 +461,8 @@ def validate(cfg: Any) -> None:
             _choice(model.process, PROCESSES.names(), "model.process")
         _choice(model.schedule, ("linear", "cosine"), "model.schedule")
         _choice(model.dtype, ("float32", "bfloat16"), "model.dtype")
+        if model.dtype == "bfloat16" and model.lora.rank == 0 and isinstance(cfg, RLConfig):
+            raise ConfigError(f"model.dtype=bfloat16 with full fine-tuning (model.lora.rank=0): {BF16_TRAINING}")
         if model.d_model % model.n_heads:
             raise ConfigError(f"model.d_model={model.d_model} must be divisible by model.n_heads={model.n_heads}")
     task = getattr(cfg, "task", None)

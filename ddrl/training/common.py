@@ -11,6 +11,8 @@ from typing import Any, Iterable
 
 import torch
 
+from ddrl.config import BF16_TRAINING
+
 
 def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
@@ -45,6 +47,8 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], lr: float, weight_deca
     params = [p for p in params if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters (check the LoRA target_modules)")
+    if any(p.dtype in (torch.bfloat16, torch.float16) for p in params):
+        raise ValueError(BF16_TRAINING)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
 
 

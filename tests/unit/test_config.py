@@ -97,3 +97,20 @@ def test_a_config_file_extends_its_base(tmp_path):
     (tmp_path / "missing.yaml").write_text("base: nope.yaml\n")
     with pytest.raises(ConfigError, match="nope.yaml.*does not exist"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_bf16_full_fine_tuning_is_refused_before_any_compute():
+    import torch
+
+    from ddrl.training.common import build_optimizer
+
+    with pytest.raises(ConfigError, match="bfloat16 with full fine-tuning.*model.dtype=float32 model.bf16_autocast"):
+        load_config(None, ["model.path=x", "model.dtype=bfloat16"], RLConfig)
+    load_config(None, ["model.path=x", "model.dtype=bfloat16", "model.lora.rank=8"], RLConfig)  # LoRA: fp32 adapters
+    with pytest.raises(ValueError, match="rounds to zero"):
+        build_optimizer([torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))], 1e-6, 0.0)
+    # the failure itself: one AdamW step of lr 1e-6 leaves a bf16 weight of 0.02 unchanged
+    w = torch.nn.Parameter(torch.full((4,), 0.02, dtype=torch.bfloat16))
+    w.grad = torch.ones_like(w)
+    torch.optim.AdamW([w], lr=1e-6, weight_decay=0.0).step()
+    assert torch.equal(w.detach(), torch.full((4,), 0.02, dtype=torch.bfloat16))
