@@ -96,6 +96,30 @@ def wrap_model(model: torch.nn.Module, strategy: str, device: torch.device) -> t
     return model
 
 
+@contextlib.contextmanager
+def gradient_sync(wrapped: torch.nn.Module, enabled: bool) -> Iterator[None]:
+    """Inside, backward passes reduce gradients over ranks only when `enabled`: gradient accumulation
+    all-reduces once, on the last micro-batch of an optimizer step, instead of after every one (DDP
+    no_sync; FSDP2 set_requires_gradient_sync). Every rank must run the same number of backward
+    passes with the same pattern (the trainer's micro-batches are equal across ranks)."""
+    if enabled:
+        yield
+        return
+    no_sync = getattr(wrapped, "no_sync", None)  # DDP
+    if no_sync is not None:
+        with no_sync():
+            yield
+        return
+    if is_sharded(wrapped):
+        wrapped.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            wrapped.set_requires_gradient_sync(True)
+        return
+    yield  # one process: nothing to synchronise
+
+
 def is_sharded(model: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 

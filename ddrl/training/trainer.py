@@ -36,8 +36,8 @@ from ddrl.training import checkpoint as ckpt
 from ddrl.training.common import (build_optimizer, build_scheduler, check_writable, derive_seed,
                                   make_generator, pick_device)
 from ddrl.training.distributed import (DistInfo, GatheredModel, ModelHandle, all_reduce_sum, gather_full_state,
-                                       gathered_parameters, init_distributed, load_full_state, reduce_mean_dict,
-                                       resolve_strategy, wrap_model)
+                                       gathered_parameters, gradient_sync, init_distributed, load_full_state,
+                                       reduce_mean_dict, resolve_strategy, wrap_model)
 from ddrl.training.logging import MetricsLogger, plot_reward_curve
 from ddrl.training.method import Method, build_method
 from ddrl.sampling.base import SampleOutput
@@ -383,7 +383,8 @@ class Trainer:
                         o = old[k][m][j] if old[k][m][j] is not None else (
                             new.detach() if self.objective.needs_old else None)
                         out = self.method.loss(mb, new, o, ref[k][m][j], counts[m])
-                    (out.loss * self.dist.world_size).backward()  # DDP averages; we want the global sum
+                    with gradient_sync(self.wrapped, enabled=j == len(micro) - 1):  # one all-reduce a step
+                        (out.loss * self.dist.world_size).backward()  # DDP averages; we want the global sum
                     total += out.loss.detach().item()
                     for name, v in out.stats.items():
                         sums[name] = sums.get(name, 0.0) + float(v) / (n_updates * len(micro))

@@ -39,7 +39,8 @@ def dense_mini_sudoku(**kwargs: object) -> DenseMiniSudoku:
 
 def overrides(model_dir, out, strategy: str, steps: int = 2) -> list[str]:
     return [f"model.path={model_dir}", f"train.steps={steps}", "train.prompts_per_step=4", "train.group_size=4",
-            "train.lr=1e-3", "train.save_every=1", "train.keep_checkpoints=3", "eval.n=0", "eval.before=false",
+            "train.lr=1e-3", "train.micro_batch_size=4",  # accumulation: gradients sync on the last micro-batch only
+            "train.save_every=1", "train.keep_checkpoints=3", "eval.n=0", "eval.before=false",
             "train.progress=false", "train.tensorboard=false", "method.estimator_args.p_mask_prompt=0",
             f"task.name={__name__}:dense_mini_sudoku", f"dist.strategy={strategy}", f"output_dir={out}",
             # Fixed-count decoding: threshold decoding turns float-level parameter differences
