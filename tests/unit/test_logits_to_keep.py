@@ -391,7 +391,6 @@ def test_gradients_equal_the_sliced_version():
 
 
 def test_lora_wrapped_backbone_still_keeps():
-    pytest.importorskip("peft")
     from ddrl.config import LoraConfig
     from ddrl.models.lora import apply_lora
 

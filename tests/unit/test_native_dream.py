@@ -208,7 +208,7 @@ def test_tied_embeddings(tmp_path: Path) -> None:
 
 def test_their_tokenizer_ids_are_reproduced() -> None:
     """The hub layout (vocab.json + merges.txt, DreamTokenizer) read without remote code."""
-    hf_tokenizer = pytest.importorskip("ddrl.models.hf_tokenizer")
+    from ddrl.models import hf_tokenizer
     tokenizer = hf_tokenizer.load_tokenizer(MODEL_DIR, native=True)
     assert len(tokenizer) == TOKENIZER_LEN and tokenizer.mask_token_id == MASK
     for i, messages in enumerate(META["messages"]):

@@ -180,7 +180,7 @@ def test_tokenizer_and_chat_template_give_the_recorded_prompts(meta):
     LLaDA-8B-Instruct's chat template) give, under ddrl's transformers, the ids transformers 4.57.1
     gave the reference run. (config.json names auto_map modeling files, as the hub's does; loading a
     tokenizer needs none of them: trust_remote_code=False.)"""
-    transformers = pytest.importorskip("transformers")
+    import transformers  # pinned in pyproject: always installed
     tok = transformers.AutoTokenizer.from_pretrained(str(LLADA / "model"), trust_remote_code=False)
     assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (120, 121, 121)
     for message, row in zip(meta["messages"], meta["rows"]):
