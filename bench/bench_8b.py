@@ -1,76 +1,53 @@
-"""LLaDA-8B-shaped throughput and memory: rollout tokens/s, RL step time, peak memory.
+"""One RL step at LLaDA-8B's shape, phase by phase: rollout tokens/s, RL step time, peak memory.
 
-    python bench/bench_8b.py                       # GPU: random weights of LLaDA-8B's shape, bf16, LoRA
-    python bench/bench_8b.py --mode full --gradient-checkpointing
-    python bench/bench_8b.py --layers 4            # the same widths at reduced depth
-    python bench/bench_8b.py --tiny                # small dims, runs on the CPU in seconds (the test does)
+    python bench/bench_8b.py                          # GPU: LLaDA-8B's shape, bf16 base + LoRA r128
+    python bench/bench_8b.py --mode full --layers 8   # full fine-tuning: fp32 master weights, bf16 autocast
+    python bench/bench_8b.py --cache dual             # the rollout through Fast-dLLM's dual cache
+    python bench/bench_8b.py --tiny                   # small dims, runs on the CPU in seconds (the test does)
 
-The model is the built-in Denoiser at LLaDA-8B-Instruct's dimensions (hidden 4096, 32 layers,
-32 heads, SwiGLU 12288, vocabulary 126464; ~8.0B parameters) with random weights, so nothing is
-downloaded; LLaDA's remote code has the same matrix shapes, so time and memory carry over up to
-its kernels. One RL step is the trainer's phases on a synthetic rollout batch (random prompts,
-rewards), with diffu-GRPO (mean-field estimator, k3 KL to the reference):
+The model is ddrl's native LLaDA backbone (the path a LLaDA-8B-Instruct directory takes through
+ddrl.load_model) built from LLaDA-8B-Instruct's config.json fields (d_model 4096, 32 blocks, 32
+heads, MLP 12288, vocabulary 126,464; ~8.0B parameters) with random weights drawn on the device, so
+nothing is downloaded. The pieces are bench/gpu/check.py's, which measures the update step's MFU and
+the cache speed-up on their own; this script times the whole diffu-GRPO step (mean-field estimator,
+k3 KL to the reference) on a rollout it generated:
 
-    rollout   the masked sampler (LLaDA semi-AR low-confidence, or --threshold / --cache)
-    old, ref  no-grad estimator passes (ref = adapter disabled under LoRA; full fine-tuning keeps a
-              bf16 copy of the model as reference, as the trainer does)
-    update    estimator with grad -> objective -> backward -> AdamW step
+    rollout   the masked sampler, one batched call over --prompts groups, each group drawing its
+              noise on the device from its own generator (as the trainer does); a warm-up call first
+    ref       the no-grad reference pass (LoRA: the adapter disabled; full fine-tuning: a frozen
+              bf16 copy of the model). With one inner iteration the old pass is sg(current): none.
+    update    estimator with grad -> objective -> backward per micro-batch -> AdamW step
 
-Peak memory is torch.cuda.max_memory_allocated on a GPU, the process's peak RSS on the CPU.
+Precision is what the recipes use: LoRA adapters in fp32 over the bf16 base; full fine-tuning with
+fp32 master weights and AdamW state under bf16 autocast (bf16 weights would not learn at lr 1e-6).
+One warm-up RL step runs before the timed one. Peak memory is torch.cuda.max_memory_allocated
+since just before the timed rollout (so it covers the rollout and the step); the CPU has none.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import resource
+import importlib.util
 import sys
-import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-LLADA_8B = dict(vocab_size=126464, d_model=4096, n_layers=32, n_heads=32, ffn_hidden=12288, mask_token_id=126336)
-TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=2, ffn_hidden=128, mask_token_id=511)
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 
-def build(dims: dict, layers: int | None, seq: int, device: torch.device, dtype: torch.dtype):
-    """The built-in Denoiser at `dims`, random N(0, 0.02) weights drawn on `device` (drawing 8B
-    parameters from a CPU generator, as Denoiser.reset_parameters does, takes minutes)."""
-    from ddrl.models import DiffusionLM
-    from ddrl.models.transformer import Denoiser, DenoiserConfig
-
-    class RandomDenoiser(Denoiser):
-        def reset_parameters(self, seed: int = 0) -> None:  # filled below, on the device
-            pass
-
-    cfg = DenoiserConfig(vocab_size=dims["vocab_size"], d_model=dims["d_model"], n_layers=layers or dims["n_layers"],
-                         n_heads=dims["n_heads"], ffn_hidden=dims["ffn_hidden"], max_seq_len=seq)
-    with torch.device("meta"):
-        backbone = RandomDenoiser(cfg)
-    backbone = backbone.to_empty(device=device).to(dtype)
-    g = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for name, p in backbone.named_parameters():
-            if "norm" in name:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, cfg.init_std, generator=g)
-    return DiffusionLM(backbone, None, mask_token_id=dims["mask_token_id"], vocab_size=dims["vocab_size"],
-                       eos_token_id=dims["vocab_size"] - 2, pad_token_id=dims["vocab_size"] - 3, family="llada")
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def load_check():
+    """bench/gpu/check.py as a module (bench/ is not a package)."""
+    if "gpu_check" in sys.modules:
+        return sys.modules["gpu_check"]
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu" / "check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -79,83 +56,94 @@ def run(args: argparse.Namespace) -> dict:
     import ddrl.sampling  # noqa: F401
     from ddrl.config import LoraConfig, SamplerConfig
     from ddrl.data import completion_mask, model_stop_ids
+    from ddrl.models.lora import apply_lora
     from ddrl.objectives import AggregationCounts, compute_advantages
     from ddrl.registry import ESTIMATORS, OBJECTIVES, SAMPLERS
+    from ddrl.training.common import build_optimizer
     from ddrl.types import RolloutBatch
 
+    check = load_check()
     device = torch.device(args.device)
-    dims = TINY if args.tiny else LLADA_8B
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    P, L, G, n_prompts = args.prompt_length, args.gen_length, args.group_size, args.prompts
-    B = G * n_prompts
-    model = build(dims, args.layers, P + L, device, dtype)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    shape = check.TINY if args.tiny else check.LLADA_8B
+    wl = check.Workload(prompts=args.prompts, group_size=args.group_size, prompt_length=args.prompt_length,
+                        prompt_pad_step=max(1, args.prompt_length // 8), gen_length=args.gen_length,
+                        block_length=args.block_length, steps=args.steps, micro_batch=args.micro_batch or args.group_size,
+                        lora_rank=args.lora_rank, full_depths=(1, 2), repeats=1)
+    lora = args.mode == "lora"
+    model = check.build_llada(shape, device, torch.bfloat16 if lora else torch.float32, n_layers=args.layers)
     params = sum(p.numel() for p in model.parameters())
     ref_model = None
-    if args.mode == "lora":
-        from ddrl.models.lora import apply_lora
-
+    if lora:
         model = apply_lora(model, LoraConfig(rank=args.lora_rank, alpha=2 * args.lora_rank,
-                                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                             "up_proj", "down_proj"]))
+                                             target_modules=check.LORA_TARGETS))
     else:
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        ref_model = copy.deepcopy(model).to(torch.bfloat16).eval().requires_grad_(False)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
-    g = torch.Generator().manual_seed(0)
-    prompt_ids = torch.randint(0, dims["vocab_size"] - 8, (n_prompts, P), generator=g).repeat_interleave(G, 0)
-    prompt_ids, prompt_mask = prompt_ids.to(device), torch.ones(B, P, dtype=torch.bool, device=device)
-
-    # rollout
-    sampler_cfg = SamplerConfig(steps=args.steps, gen_length=L, block_length=args.block_length, temperature=1.0,
-                                threshold=args.threshold, cache=args.cache, early_exit=False)
-    model.eval()
-    sync(device)
-    start = time.perf_counter()
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        out = SAMPLERS.get("masked")(model, prompt_ids, prompt_mask, sampler_cfg,
-                                     generator=torch.Generator().manual_seed(1))
-    sync(device)
-    rollout_s = time.perf_counter() - start
-    model.train()
-
-    # one RL step on the rollout
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = build_optimizer(trainable, 1e-6, 0.0)
+    prompt_ids, prompt_mask = check.prompts(shape, wl, device)
+    sampler = SAMPLERS.get("masked")
+    sampler_cfg = SamplerConfig(steps=args.steps, gen_length=wl.gen_length, block_length=wl.block_length,
+                                temperature=1.0, threshold=args.threshold, cache=args.cache, early_exit=False)
     estimator, objective = ESTIMATORS.get("mean_field")(), OBJECTIVES.get("grpo")()
-    rewards = torch.rand(B, generator=g).to(device)
-    group_ids = torch.arange(n_prompts, device=device).repeat_interleave(G)
-    batch = RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=out.completion_ids,
-                         completion_mask=completion_mask(out.completion_ids, model_stop_ids(model)), group_ids=group_ids,
-                         rewards=rewards, advantages=compute_advantages(rewards, group_ids, "mean"),
-                         mask_seeds=torch.tensor([7]), completions=[""] * B, trajectory=None)
-    counts = AggregationCounts(tokens=float(batch.completion_mask.sum()), sequences=float(B))
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    sync(device)
-    start = time.perf_counter()
-    rows = args.micro_batch or B
-    opt.zero_grad(set_to_none=True)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        for lo in range(0, B, rows):
-            mb = batch.index(slice(lo, lo + rows))
-            with torch.no_grad():
-                if ref_model is not None:
-                    ref = estimator(ref_model, mb, 7).detach()
-                else:
-                    with model.disable_adapter():
-                        ref = estimator(model, mb, 7).detach()
-            new = estimator(model, mb, 7)
-            loss = objective(mb, new, new.detach(), ref, counts=counts).loss
-            loss.backward()
-    opt.step()
-    sync(device)
-    step_s = time.perf_counter() - start
+
+    def rollout(steps: int, seed: int):
+        model.eval()
+        with torch.no_grad(), check.autocast(device):
+            out = sampler(model, prompt_ids, prompt_mask, replace(sampler_cfg, steps=steps),
+                          generator=check.group_generators(wl, device, seed))
+        model.train()
+        return out
+
+    def rl_step(out) -> tuple[dict, torch.Tensor]:
+        g = torch.Generator().manual_seed(0)
+        rewards = torch.rand(wl.rows, generator=g).to(device)
+        group_ids = torch.arange(wl.prompts, device=device).repeat_interleave(wl.group_size)
+        batch = RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=out.completion_ids,
+                             completion_mask=completion_mask(out.completion_ids, model_stop_ids(model)),
+                             group_ids=group_ids, rewards=rewards, advantages=compute_advantages(rewards, group_ids,
+                                                                                                 "mean"),
+                             mask_seeds=torch.tensor([7]), completions=[""] * wl.rows)
+        counts = AggregationCounts(tokens=float(batch.completion_mask.sum()), sequences=float(wl.rows))
+        micro = [batch.index(slice(lo, lo + wl.micro_batch)) for lo in range(0, wl.rows, wl.micro_batch)]
+        ref_s, refs = check.timed(device, lambda: [reference_pass(mb) for mb in micro])
+        opt.zero_grad(set_to_none=True)
+
+        def update() -> torch.Tensor:
+            total = torch.zeros((), device=device)
+            for mb, ref in zip(micro, refs):
+                with check.autocast(device):
+                    new = estimator(model, mb, 7)
+                    loss = objective(mb, new, new.detach(), ref, counts=counts).loss
+                loss.backward()
+                total = total + loss.detach()
+            opt.step()
+            return total
+
+        update_s, loss = check.timed(device, update)
+        return {"ref_s": ref_s, "update_s": update_s}, loss
+
+    def reference_pass(mb):
+        with torch.no_grad(), check.autocast(device):
+            if ref_model is not None:
+                return estimator(ref_model, mb, 7).detach()
+            with model.disable_adapter():
+                return estimator(model, mb, 7).detach()
+
+    blocks = wl.gen_length // wl.block_length
+    rl_step(rollout(blocks, 0))  # warm-up: kernels, allocator, AdamW state
+    check.reset_peak(device)
+    rollout_s, out = check.timed(device, lambda: rollout(args.steps, 1))
+    rollout_peak = check.peak_gb(device)
+    phases, loss = rl_step(out)
+    peak = check.peak_gb(device)
     return {"mode": args.mode, "gc": args.gradient_checkpointing, "params_M": params / 1e6,
-            "trainable_M": trainable / 1e6, "rollout_tok_s": B * L / rollout_s, "rollout_s": rollout_s,
-            "rl_step_s": step_s, "peak_MB": peak_memory_mb(device), "rows": B, "tokens": P + L,
-            "nfe": out.nfe, "loss": float(loss.detach())}
+            "trainable_M": sum(p.numel() for p in trainable) / 1e6, "rollout_tok_s": wl.rows * wl.gen_length / rollout_s,
+            "rollout_s": rollout_s, **phases, "rl_step_s": phases["ref_s"] + phases["update_s"],
+            "rollout_peak_MB": None if rollout_peak is None else rollout_peak * 1e3,
+            "peak_MB": None if peak is None else peak * 1e3, "rows": wl.rows, "tokens": wl.prompt_length + wl.gen_length,
+            "nfe": out.nfe, "loss": float(loss)}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -165,16 +153,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=["lora", "full"], default="lora")
     p.add_argument("--layers", type=int, default=None, help="depth (default 32; fewer keeps the widths)")
     p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--lora-rank", type=int, default=16)
-    p.add_argument("--prompts", type=int, default=1, help="prompt groups per step")
+    p.add_argument("--lora-rank", type=int, default=128)
+    p.add_argument("--prompts", type=int, default=2, help="prompt groups per step (one batched sampler call)")
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--prompt-length", type=int, default=128)
+    p.add_argument("--prompt-length", type=int, default=200)
     p.add_argument("--gen-length", type=int, default=256)
     p.add_argument("--block-length", type=int, default=32)
     p.add_argument("--steps", type=int, default=128, help="sampler model calls")
     p.add_argument("--threshold", type=float, default=None, help="confidence-threshold parallel decoding")
     p.add_argument("--cache", default="none", help="block KV cache: none | prefix | dual")
-    p.add_argument("--micro-batch", type=int, default=None, help="rows per forward/backward (default: all)")
+    p.add_argument("--micro-batch", type=int, default=None, help="rows per forward/backward (default: one group)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (1 is steadier on a shared machine; default: torch's choice)")
     args = p.parse_args(argv)
@@ -189,12 +177,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     row = run(args)
-    print(f"LLaDA-8B-shaped bench ({'tiny dims' if args.tiny else 'full dims'}, {args.device}, "
-          f"{row['params_M']:.2f}M params, {row['rows']} rows x {row['tokens']} tokens)")
-    print("| mode | grad ckpt | trainable (M) | rollout tok/s | rollout s | RL step s | peak MB |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    peak = "n/a" if row["peak_MB"] is None else f"{row['peak_MB']:.0f}"
+    print(f"LLaDA-8B-shaped RL step ({'tiny dims' if args.tiny else 'full dims'}, {args.device}, "
+          f"{row['params_M']:.2f}M params, {row['rows']} rows x {row['tokens']} tokens, cache {args.cache})")
+    print("| mode | grad ckpt | trainable (M) | rollout tok/s | rollout s | ref s | update s | RL step s | peak MB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print(f"| {row['mode']} | {row['gc']} | {row['trainable_M']:.2f} | {row['rollout_tok_s']:.1f} | "
-          f"{row['rollout_s']:.2f} | {row['rl_step_s']:.2f} | {row['peak_MB']:.0f} |")
+          f"{row['rollout_s']:.2f} | {row['ref_s']:.2f} | {row['update_s']:.2f} | {row['rl_step_s']:.2f} | {peak} |")
     return row
 
 

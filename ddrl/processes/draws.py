@@ -1,8 +1,11 @@
 """Random draws from an explicit torch.Generator, never from the global RNG.
 
-Each draw happens on the generator's own device and is then moved to the requested device, so a
-CPU generator can drive noise for a CUDA model and the same seed gives the same numbers wherever
-the model lives.
+Each draw here happens on the generator's own device and is then moved to the requested device, so
+a CPU generator can drive noise for a CUDA model and the same seed gives the same numbers wherever
+the model lives. That suits small draws (estimator masks, one uniform per position). The masked
+samplers' per-step noise, [B, W, V] per step, is instead drawn on the model's device from seeds
+taken here (`chunk_seeds`; ddrl.sampling.utils.StepNoise): a CPU draw of that size and its copy to
+the GPU would cost more than the model call.
 """
 
 from __future__ import annotations
@@ -29,16 +32,42 @@ class RowGenerators:
         self.device = self.generators[0].device
 
     def draw(self, fn, shape: tuple[int, ...], **kwargs) -> Tensor:
-        rows = self.rows_per_generator
-        if not shape or shape[0] != rows * len(self.generators):
-            raise ValueError(f"RowGenerators covers {rows * len(self.generators)} rows but a draw of shape "
-                             f"{tuple(shape)} was requested; draw with the batch as the first dimension")
-        return torch.cat([fn((rows, *shape[1:]), generator=g, device=g.device, **kwargs) for g in self.generators])
+        """fn(shape of one chunk, generator=g, device=g.device, **kwargs) per generator, stacked along dim 0."""
+        if not shape:
+            raise ValueError("RowGenerators draws need the batch as the first dimension; got a scalar shape")
+        return torch.cat([fn((hi - lo, *shape[1:]), generator=g, device=g.device, **kwargs)
+                          for lo, hi, g in row_chunks(self, shape[0])])
 
 
-def check_generator(generator: torch.Generator | None) -> torch.Generator:
+def row_chunks(generator: torch.Generator | RowGenerators | None,
+               batch_size: int) -> list[tuple[int, int, torch.Generator]]:
+    """(first row, end row, generator) for each chunk of a batch of `batch_size` rows: one chunk of
+    every row for a plain Generator, one per generator of RowGenerators (which must cover the batch)."""
+    g = check_generator(generator)
+    if not isinstance(g, RowGenerators):
+        return [(0, batch_size, g)]
+    n = g.rows_per_generator
+    if n * len(g.generators) != batch_size:
+        raise ValueError(f"RowGenerators covers {n * len(g.generators)} rows ({len(g.generators)} generators x "
+                         f"{n} rows) but the batch has {batch_size} rows; draw with the batch as the first dimension "
+                         f"and one generator per group of rows_per_generator rows")
+    return [(i * n, (i + 1) * n, gi) for i, gi in enumerate(g.generators)]
+
+
+def chunk_seeds(generator: torch.Generator | RowGenerators | None, batch_size: int) -> list[tuple[int, int, int]]:
+    """(first row, end row, seed) for each chunk of row_chunks(): one 62-bit seed drawn from each
+    chunk's generator on its own device. Drawing advances the generator, so the next call made with
+    it gets other seeds. The values are read to the host at once: one device sync for all chunks."""
+    chunks = row_chunks(generator, batch_size)
+    draws = [torch.randint(0, 2**62, (1,), generator=g, device=g.device) for _, _, g in chunks]
+    seeds = torch.cat([d.to(draws[0].device) for d in draws]).tolist()
+    return [(lo, hi, int(seed)) for (lo, hi, _), seed in zip(chunks, seeds)]
+
+
+def check_generator(generator: torch.Generator | RowGenerators | None) -> torch.Generator | RowGenerators:
+    """The generator itself; a clear error for anything else (None included: no global RNG)."""
     if isinstance(generator, RowGenerators):
-        return generator  # type: ignore[return-value]
+        return generator
     if not isinstance(generator, torch.Generator):
         raise ValueError(
             "generator must be a torch.Generator (ddrl never draws from the global RNG); "

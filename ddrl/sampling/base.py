@@ -4,6 +4,10 @@
 
 `model` is a DiffusionLM (or anything with the same attributes: mask_token_id, vocab_size,
 eos_token_id, pad_token_id, process, block_size, and `model(input_ids, attention_mask).logits`).
+`g` is a torch.Generator, or a ddrl.processes.draws.RowGenerators (one generator per chunk of rows,
+e.g. per prompt group): then each chunk gets the completions a call on that chunk alone would get,
+so one batched call can serve every group of a rank. The settings are checked by
+ddrl.sampling.checks.check_sampler (the same check config validation runs).
 """
 
 from __future__ import annotations

@@ -418,18 +418,15 @@ class ExactBlockCache(BlockCausalForward):
 
 
 def block_forward(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *, cache: str, block_length: int,
-                  gen_length: int, cfg_scale: float, mask_id: int, key: str = "cache", slots: Tensor | None = None):
-    """The strategy for `cache` (none | prefix | dual | auto) and the model's attention (module doc)."""
-    if cache not in CACHE_MODES:
-        raise ValueError(f"{key}={cache!r} is not valid; choose one of: {', '.join(CACHE_MODES)}")
+                  gen_length: int, cfg_scale: float, mask_id: int, slots: Tensor | None = None):
+    """The strategy for `cache` (none | prefix | dual | auto) and the model's attention (module doc).
+
+    The settings were checked by ddrl.sampling.checks.check_sampler (the cache choice; prefix/dual on a
+    block-causal model need sampler blocks of whole model blocks); "auto" on unaligned blocks runs uncached."""
     common = dict(cfg_scale=cfg_scale, mask_id=mask_id)
     block_size = getattr(model, "block_size", None)
     if block_size:
         aligned = block_length % int(block_size) == 0
-        if cache in ("prefix", "dual") and not aligned:
-            raise ValueError(f"{key}={cache!r} on a block-causal model needs sampler blocks made of whole model "
-                             f"blocks, but block_length={block_length} is not a multiple of model.block_size="
-                             f"{block_size}; use block_length={block_size} (the 'block' sampler) or {key}=none")
         kind = ExactBlockCache if cache != "none" and aligned else BlockCausalForward
         if kind is ExactBlockCache and not accepts_cache(model):
             _warn_once(model, "its forward takes no past_key_values")

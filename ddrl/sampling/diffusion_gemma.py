@@ -24,7 +24,10 @@ RNG: randint [B, C] for the initial canvas (unless given), then per step multino
 flattened [B * C, V] probabilities and randint [B, C] for renoising. So, on the CPU, a generator
 seeded with s gives the tokens `generate` gives after torch.manual_seed(s) for the same batch
 (tests/unit/test_diffusion_gemma_sampler.py). A row's draws depend on its index in the batch, not
-on the other rows' tokens.
+on the other rows' tokens. With RowGenerators (one generator per chunk of rows) each chunk draws
+from its own generator, so a batched call gives each chunk what a call on it alone gives (a stopped
+row is frozen, so the draws a finished chunk still receives change nothing). A generator on
+another device than the model draws there (the probabilities are copied to it: slower, same numbers).
 
 **Deterministic settings**: with t_max tiny (e.g. 1e-6, t_min = 0) softmax(z) is one-hot, every
 entropy is 0, every position is accepted and x_D = a, so the tokens depend only on the initial
@@ -47,8 +50,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ddrl.processes.draws import row_chunks
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput
+from ddrl.sampling.checks import check_sampler
 
 if TYPE_CHECKING:  # sampling imports only torch at run time
     from ddrl.config import SamplerConfig
@@ -153,11 +158,18 @@ def _canvas_logits(model, prompt_ids: Tensor, prompt_mask: Tensor | None, canvas
     return out.logits[:, -canvas.shape[1]:].float()
 
 
+def _per_chunk(chunks: list[tuple[int, int, torch.Generator]], draw, device: torch.device) -> Tensor:
+    """draw(generator, lo, hi) for each chunk of rows (ddrl.processes.draws.row_chunks), stacked on `device`.
+    One chunk (a plain generator): exactly the one call `generate` makes."""
+    return torch.cat([draw(g, lo, hi).to(device) for lo, hi, g in chunks])
+
+
 @torch.no_grad()
 def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DiffusionGemmaSettings,
              canvas: Tensor, generator: torch.Generator | None) -> _Decoded:
     B, C = canvas.shape
     V = int(model.vocab_size)
+    chunks = row_chunks(generator, B)
     stopping = (None if cfg.stability_threshold is None or cfg.confidence_threshold is None
                 else _Stopping(cfg.stability_threshold, cfg.confidence_threshold))
     finished = torch.zeros(B, dtype=torch.bool, device=canvas.device)
@@ -168,11 +180,13 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Diffusi
         raw = _canvas_logits(model, prompt_ids, prompt_mask, canvas, self_conditioning)  # [B, C, V]
         logits = scheduled_logits(raw, remaining, cfg)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        drawn = torch.multinomial(probs.view(-1, V), 1, generator=generator).view(B, C)  # x_D
+        drawn = _per_chunk(chunks, lambda g, lo, hi: torch.multinomial(
+            probs[lo:hi].reshape(-1, V).to(g.device), 1, generator=g).view(hi - lo, C), canvas.device)  # x_D
         new_argmax = logits.argmax(dim=-1)
         entropy = token_entropy(logits)  # [B, C]
         accept = entropy_bound_accept(entropy, cfg.entropy_bound)  # [B, C]
-        noise = torch.randint(0, V, (B, C), generator=generator, device=canvas.device)  # renoising
+        noise = _per_chunk(chunks, lambda g, lo, hi: torch.randint(0, V, (hi - lo, C), generator=g, device=g.device),
+                           canvas.device)  # renoising
         new_canvas = torch.where(accept, drawn, noise)
         if stopping is not None:
             if finished.any():  # a stopped row is frozen
@@ -231,8 +245,9 @@ def diffusion_gemma_generate(model, prompt_ids: Tensor, attention_mask: Tensor |
     _check(model, prompt_ids, attention_mask, cfg, initial_canvas, generator)
     B, C = prompt_ids.shape[0], int(model.canvas_length)
     if initial_canvas is None:
-        initial_canvas = torch.randint(0, int(model.vocab_size), (B, C), generator=generator,
-                                       device=prompt_ids.device)
+        V = int(model.vocab_size)
+        initial_canvas = _per_chunk(row_chunks(generator, B), lambda g, lo, hi: torch.randint(
+            0, V, (hi - lo, C), generator=g, device=g.device), prompt_ids.device)
     mask = None if attention_mask is None else attention_mask.bool()
     out = _denoise(model, prompt_ids, mask, cfg, initial_canvas.to(prompt_ids.device), generator)
     return torch.cat([prompt_ids, out.canvas.to(prompt_ids.dtype)], dim=1), out.nfe
@@ -296,11 +311,10 @@ def sample_diffusion_gemma(model, prompt_ids: Tensor, prompt_mask: Tensor | None
     if cfg.gen_length != C:
         raise ValueError(f"rollout.gen_length={cfg.gen_length} must equal DiffusionGemma's canvas_length={C} "
                          f"(one canvas)")
-    for name, unsupported in (("block_length", cfg.block_length not in (None, C)),
-                              ("threshold", cfg.threshold is not None), ("cfg_scale", cfg.cfg_scale > 0),
-                              ("cache", cfg.cache not in ("none", "auto"))):
-        if unsupported:
-            raise ValueError(f"rollout.{name} does not apply to the diffusion_gemma sampler; unset it")
+    check_sampler(cfg, "rollout", name="diffusion_gemma")
+    if cfg.block_length not in (None, C):
+        raise ValueError(f"rollout.block_length={cfg.block_length} does not apply to the diffusion_gemma sampler "
+                         f"(one canvas of {C}); unset it")
     sequence, nfe = diffusion_gemma_generate(
         model, prompt_ids, prompt_mask, steps=cfg.steps, t_min=getattr(cfg, "t_min", DEFAULT_T_MIN),
         t_max=getattr(cfg, "t_max", DEFAULT_T_MAX), entropy_bound=getattr(cfg, "entropy_bound", DEFAULT_ENTROPY_BOUND),

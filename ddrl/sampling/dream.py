@@ -21,13 +21,16 @@ to ids < vocab_limit (logits above set to -inf before the filtering), for models
 padded past the tokenizer's (Dream: 152064 rows, 151667 ids); the reference has no such option (its
 logits hook can do it, which is how the golden test applies it to their code).
 
-**Randomness** comes from an explicit generator through RowNoise, per step, for all B rows, each
-[B, L] float64, in this order and only when used: "origin" transfer uniforms; token uniforms at
+**Randomness** comes from an explicit generator (or RowGenerators, one per chunk of rows), drawn
+in sequence on the generator's device, per step, for all B rows, each [B, L] float64 (one number
+per position, so small), in this order and only when used: "origin" transfer uniforms; token uniforms at
 temperature > 0 (one per position: inverse-CDF draw from p); alg_temp > 0 position uniforms (every
 step, even when k = 0). A row's draws never depend on the other rows' tokens. The reference draws the
 same distributions from the global RNG on the flattened masked positions (torch.rand,
 Categorical.sample, torch.multinomial), so its stream cannot be matched; the golden fixture feeds it
-these uniforms instead (tests/fixtures/make_dream.py).
+these uniforms instead (tests/fixtures/make_dream.py). Every row runs every step, so with
+RowGenerators a batched call gives each chunk what a call on it alone gives; the masked samplers,
+whose blocks take data-dependent step counts, key their noise by step instead (utils.StepNoise).
 
 Tokens equal the reference's for every alg (tests/unit/test_native_dream.py). Where this code differs:
   (a) k is counted per row; the reference uses the batch mean of the masked counts (the same unless
@@ -44,13 +47,14 @@ Tokens equal the reference's for every alg (tests/unit/test_native_dream.py). Wh
 **Trajectory** (return_trajectory=True): commit_step [B, L] (the step that committed each position;
 a re-decoded mask token keeps its last commit) and token_probs [B, S, L], the model's temperature-1
 probability (of the vocab-limited logits) at each step of the position's final token, by
-ddrl.sampling.masked's recorder with the whole completion as one block: it keeps every step's
+ddrl.sampling.trajectory's recorder with the whole completion as one block: it keeps every step's
 [B, L, V] float32 distribution until the end, S * B * L * V * 4 bytes (only when recording).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
@@ -58,8 +62,10 @@ from torch import Tensor
 
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput
-from ddrl.sampling.masked import _ProbRecorder, commit_top_k
-from ddrl.sampling.utils import RowNoise, completion_logits
+from ddrl.processes.draws import uniform_draw
+from ddrl.sampling.commit import commit_top_k
+from ddrl.sampling.trajectory import ProbRecorder
+from ddrl.sampling.utils import completion_logits
 from ddrl.types import Trajectory
 
 if TYPE_CHECKING:  # sampling imports only torch at run time (docs/architecture.md#dependency-direction)
@@ -108,7 +114,7 @@ def filtered_probs(logits: Tensor, temperature: float, top_p: float | None, top_
 def categorical_from_uniforms(probs: Tensor, u: Tensor) -> Tensor:
     """[N, V] probs (rows need not sum to 1), [N] uniforms in [0, 1) -> [N] long: inverse-CDF draws,
     in float64; zero-probability ids are never drawn (ddrl.processes.draws.sample_categorical, with
-    the uniforms given so that they come from RowNoise)."""
+    the uniforms given so that they come from the sampler's generator)."""
     cdf = probs.double().cumsum(-1)  # [N, V]
     target = (u.double()[:, None] * cdf[:, -1:]).contiguous()
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
@@ -144,6 +150,18 @@ class _Decoded:
     trajectory: Trajectory | None
 
 
+@dataclass
+class _Uniforms:
+    """noise(n) -> the next [B, n] float64 uniforms of the generator's stream, on `device` (module doc)."""
+
+    generator: torch.Generator
+    batch_size: int
+    device: torch.device
+
+    def __call__(self, n: int) -> Tensor:
+        return uniform_draw((self.batch_size, n), generator=self.generator, device=self.device, dtype=torch.float64)
+
+
 @torch.no_grad()
 def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DreamSettings, gen_length: int,
              generator: torch.Generator | None, record: bool) -> _Decoded:
@@ -151,8 +169,8 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DreamSe
     completion = torch.full((B, L), cfg.mask_id, dtype=torch.long, device=device)  # [B, L]
     commit_step = torch.full((B, L), -1, dtype=torch.long, device=device)
     timesteps = torch.linspace(1, cfg.eps, cfg.steps + 1)  # float32 on the CPU (deviation (c))
-    noise = None if generator is None else RowNoise(generator, B, torch.arange(B), device)
-    recorder = _ProbRecorder() if record else None
+    noise = None if generator is None else _Uniforms(generator, B, device)
+    recorder = ProbRecorder() if record else None
     for i in range(cfg.steps):
         t, s, last = timesteps[i], timesteps[i + 1], i == cfg.steps - 1
         logits = completion_logits(model, prompt_ids, prompt_mask, completion, cfg_scale=0.0,
@@ -162,7 +180,7 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DreamSe
             logits[..., cfg.vocab_limit:] = float("-inf")
         masked = completion == cfg.mask_id  # [B, L]
         if recorder is not None:
-            recorder.add_step(torch.softmax(logits.float(), dim=-1), None, torch.ones(B, dtype=torch.bool))
+            recorder.add_step(torch.softmax(logits.float(), dim=-1), None)
         if cfg.alg == "origin":
             move = noise(L) < (1.0 if last else float(1 - s / t))  # [B, L]
             chosen = masked & move
@@ -181,12 +199,12 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DreamSe
         commit_step[chosen] = i
     trajectory = None
     if recorder is not None:
-        recorder.close_block(torch.arange(B, device=device), 0, 0, completion)
+        recorder.close_block(0, 0, completion)
         trajectory = recorder.trajectory(commit_step, cfg.steps)
     return _Decoded(completion, trajectory)
 
 
-def _decide(logits: Tensor, cfg: DreamSettings, noise: RowNoise | None, where: Tensor) -> tuple[Tensor, Tensor]:
+def _decide(logits: Tensor, cfg: DreamSettings, noise: _Uniforms | None, where: Tensor) -> tuple[Tensor, Tensor]:
     """Logits [N, V] of the positions `where` [B, L] (row-major order) -> (x0 [N], p [N, V])."""
     probs = filtered_probs(logits, cfg.temperature, cfg.top_p, cfg.top_k)
     if cfg.temperature > 0:
@@ -242,30 +260,17 @@ def _mask_id(model) -> int:
 
 def _check(model, prompt_ids: Tensor, attention_mask: Tensor | None, cfg: DreamSettings, gen_length: int,
            generator: torch.Generator | None) -> None:
-    integer = isinstance(prompt_ids, Tensor) and prompt_ids.dtype in (torch.int64, torch.int32)
-    if not integer or prompt_ids.dim() != 2:
-        raise ValueError(f"prompt_ids must be a [B, P] integer tensor, got "
-                         f"{getattr(prompt_ids, 'dtype', type(prompt_ids))} {list(getattr(prompt_ids, 'shape', []))}")
+    # Imported here: checks imports this module for ALGS.
+    from ddrl.sampling.checks import check_generator_given, check_prompts, check_sampler
+
+    settings = SimpleNamespace(steps=cfg.steps, gen_length=gen_length, block_length=None, temperature=cfg.temperature,
+                               cfg_scale=0.0, remasking="low_confidence", threshold=None, cache="none", alg=cfg.alg,
+                               alg_temp=cfg.alg_temp, top_p=cfg.top_p, top_k=cfg.top_k)
+    check_sampler(settings, "", name="dream")
+    check_prompts(prompt_ids, attention_mask)
     if prompt_ids.shape[1] == 0:
         raise ValueError("Dream's logits are shifted by one: the first completion token is predicted from the last "
                          "prompt token, so pass at least one prompt token")
-    if attention_mask is not None and tuple(attention_mask.shape) != tuple(prompt_ids.shape):
-        raise ValueError(f"attention_mask must have prompt_ids' shape {list(prompt_ids.shape)}, got "
-                         f"{list(attention_mask.shape)}")
-    for name, value in (("steps", cfg.steps), ("gen_length", gen_length)):
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if cfg.alg not in ALGS:
-        raise ValueError(f"alg={cfg.alg!r} is not one of Dream's orderings: {', '.join(ALGS)}")
-    if cfg.temperature < 0 or (cfg.alg_temp is not None and cfg.alg_temp < 0):
-        raise ValueError(f"temperature={cfg.temperature} and alg_temp={cfg.alg_temp} must be >= 0 (0 = greedy)")
-    if cfg.alg == "origin" and cfg.alg_temp:
-        raise ValueError("alg_temp applies to the confidence orderings; 'origin' commits at random by the schedule, "
-                         "so unset alg_temp")
-    if cfg.top_p is not None and not 0 < cfg.top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1] or None, got {cfg.top_p}")
-    if cfg.top_k is not None and (not isinstance(cfg.top_k, int) or cfg.top_k <= 0):
-        raise ValueError(f"top_k must be a positive integer or None, got {cfg.top_k!r}")
     if not 0 < cfg.eps < 1:
         raise ValueError(f"eps (the final timestep) must be in (0, 1), got {cfg.eps}")
     vocab_size = getattr(model, "vocab_size", None)
@@ -279,10 +284,8 @@ def _check(model, prompt_ids: Tensor, attention_mask: Tensor | None, cfg: DreamS
     if isinstance(max_len, int) and prompt_ids.shape[1] + gen_length > max_len:
         raise ValueError(f"prompt length {prompt_ids.shape[1]} + gen_length={gen_length} exceeds the model's "
                          f"max_seq_len={max_len}; shorten the prompt or lower gen_length")
-    if needs_generator(cfg.alg, cfg.temperature, cfg.alg_temp) and generator is None:
-        raise ValueError(f"generator is required for alg={cfg.alg!r}, temperature={cfg.temperature}, "
-                         f"alg_temp={cfg.alg_temp} (ddrl never uses the global RNG); pass "
-                         f"generator=torch.Generator().manual_seed(seed)")
+    check_generator_given(generator, needs_generator(cfg.alg, cfg.temperature, cfg.alg_temp),
+                          f"alg={cfg.alg!r}, temperature={cfg.temperature}, alg_temp={cfg.alg_temp}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,12 +312,9 @@ def sample_dream(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Sam
     when the model's vocabulary is larger, so ids the tokenizer cannot decode are never sampled).
     No blocks, no KV cache, no guidance, no early exit: every row runs all steps.
     """
-    for name, unsupported in (("block_length", cfg.block_length is not None), ("threshold", cfg.threshold is not None),
-                              ("factor", getattr(cfg, "factor", None) is not None), ("cfg_scale", cfg.cfg_scale > 0),
-                              ("cache", cfg.cache not in ("none", "auto"))):
-        if unsupported:
-            raise ValueError(f"rollout.{name} does not apply to the dream sampler (it decodes the whole completion "
-                             f"each step, without cache or guidance); unset it")
+    from ddrl.sampling.checks import check_sampler  # imported here: checks imports this module for ALGS
+
+    check_sampler(cfg, "rollout", name="dream")
     vocab_limit = getattr(cfg, "vocab_limit", None)
     out = dream_generate(model, prompt_ids, prompt_mask, steps=cfg.steps, gen_length=cfg.gen_length,
                          alg=getattr(cfg, "alg", "entropy"), alg_temp=getattr(cfg, "alg_temp", None),

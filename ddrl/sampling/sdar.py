@@ -86,8 +86,8 @@ def commit_dynamic(confidence: Tensor, masked: Tensor, threshold: float, k: Tens
     them, else that row's k[r] most confident masked positions (all of them if fewer are masked).
     Never a position that is not masked.
     """
-    # Imported here: ddrl.sampling.masked wires this rule in and imports this module.
-    from ddrl.sampling.masked import commit_top_k
+    # Imported here: ddrl.sampling.commit wires this rule in and imports this module.
+    from ddrl.sampling.commit import commit_top_k
 
     if confidence.shape != masked.shape or confidence.dim() != 2:
         raise ValueError(f"confidence and masked must both be [R, W], got {list(confidence.shape)} and "

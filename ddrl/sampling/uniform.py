@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from ddrl.logits import kept_logits
 from ddrl.processes.draws import randint_draw, sample_categorical
 from ddrl.processes.uniform import UniformProcess
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput
+from ddrl.sampling.checks import check_prompts, check_sampler
 from ddrl.types import Trajectory
 
 if TYPE_CHECKING:  # the sampling layer imports only torch at run time
@@ -38,13 +40,13 @@ if TYPE_CHECKING:  # the sampling layer imports only torch at run time
 def _class_logits(model: Any, process: UniformProcess, prompt_ids: Tensor, uncond_prompt: Tensor | None,
                   completion: Tensor, attention_mask: Tensor, cfg_scale: float) -> Tensor:
     """The model's logits over the N classes at the completion positions, [B, L, N] float32, with CFG."""
-    P = prompt_ids.shape[1]
+    L = completion.shape[1]
     lo, hi = process.offset, process.offset + process.num_classes
     if uncond_prompt is None:
         ids = torch.cat([prompt_ids, completion], dim=1)  # [B, T]
-        return model(ids, attention_mask=attention_mask).logits[:, P:, lo:hi].float()
+        return kept_logits(model, ids, attention_mask, logits_to_keep=L)[..., lo:hi].float()  # the head on L only
     ids = torch.cat([torch.cat([prompt_ids, completion], dim=1), torch.cat([uncond_prompt, completion], dim=1)])
-    logits = model(ids, attention_mask=attention_mask.repeat(2, 1)).logits[:, P:, lo:hi].float()  # [2B, L, N]
+    logits = kept_logits(model, ids, attention_mask.repeat(2, 1), logits_to_keep=L)[..., lo:hi].float()  # [2B, L, N]
     # -inf logits (impossible tokens) would give inf - inf = NaN in the extrapolation; a large finite
     # floor keeps a token impossible under both passes impossible.
     cond, uncond = logits.clamp_min(-1e9).chunk(2, dim=0)
@@ -66,16 +68,11 @@ def _check_inputs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, cf
     if process.offset + process.num_classes > model.vocab_size:
         raise ValueError(f"model.process covers ids {process.offset}..{process.offset + process.num_classes - 1} "
                          f"but model.vocab_size is {model.vocab_size}; fix the process's num_classes/offset")
-    if cfg.steps <= 0 or cfg.gen_length <= 0:
-        raise ValueError(f"cfg.steps and cfg.gen_length must be positive, got {cfg.steps} and {cfg.gen_length}")
-    if cfg.temperature < 0:
-        raise ValueError(f"cfg.temperature must be >= 0 (0 = greedy x0 prediction), got {cfg.temperature}")
+    check_sampler(cfg, "rollout", name="uniform")
     if cfg.cfg_scale > 0 and not 0 <= model.mask_token_id < model.vocab_size:
         raise ValueError(f"cfg_scale > 0 replaces the prompt by model.mask_token_id={model.mask_token_id}, "
                          f"which is outside the vocabulary of {model.vocab_size}; set cfg_scale=0")
-    if prompt_ids.dim() != 2 or (prompt_mask is not None and tuple(prompt_mask.shape) != tuple(prompt_ids.shape)):
-        raise ValueError(f"prompt_ids must be [B, P] and prompt_mask [B, P] bool, got {list(prompt_ids.shape)} "
-                         f"and {None if prompt_mask is None else list(prompt_mask.shape)}")
+    check_prompts(prompt_ids, prompt_mask)
     return process
 
 

@@ -1,8 +1,9 @@
-"""Pieces every sampler shares: explicit-generator noise, Gumbel-max sampling, guided logits and
-the one model call that returns the completion's logits.
+"""Pieces every sampler shares: the per-step noise, Gumbel-max sampling, the committed token's
+probability, guided logits and the one model call that returns the completion's logits.
 
-These are pure functions of their inputs (randomness comes in as already drawn uniforms or an
-explicit torch.Generator), so each sampler reads as one loop over steps.
+These are pure functions of their inputs (randomness comes in as already drawn uniforms or from
+StepNoise, which is seeded from the caller's explicit generator), so each sampler reads as one loop
+over steps.
 """
 
 from __future__ import annotations
@@ -11,35 +12,90 @@ import torch
 from torch import Tensor
 
 from ddrl.logits import kept_logits
-from ddrl.processes.draws import uniform_draw
+from ddrl.processes.draws import RowGenerators, chunk_seeds, row_chunks
+
+# rollout.noise_dtype: the dtype of the masked samplers' uniforms (module doc of StepNoise).
+NOISE_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
+
+_MASK64 = (1 << 64) - 1
 
 
-class RowNoise:
-    """Uniform draws for all B rows of a batch, of which only the rows still running are kept.
+def _splitmix64(x: int) -> int:
+    """One round of SplitMix64 (Steele et al. 2014): a bijective 64-bit mixer, so distinct keys give
+    unrelated seeds."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
-    A sampler that stops computing finished rows (early exit) still draws noise for them, so the
-    numbers a row receives never depend on which other rows already finished: early exit changes
-    cost, not samples.
+
+def keyed_seed(*key: int) -> int:
+    """A 64-bit seed that is a fixed function of the integer key (seed, block, step, draw)."""
+    h = 0
+    for part in key:
+        h = _splitmix64(h ^ (part & _MASK64))
+    return h
+
+
+class StepNoise:
+    """The noise of one sampler call: uniforms in [0, 1) for all B rows, drawn on the model's device.
+
+    Keyed, not streamed. Each chunk of rows (one generator's rows of a RowGenerators, or the whole
+    batch for a plain Generator) takes one seed from its generator when the call first needs noise
+    (ddrl.processes.draws.chunk_seeds: one host read per call). The k-th draw of step s of the block
+    starting at slot `start` then fills the chunk's rows from a generator on the model's device seeded
+    with keyed_seed(chunk seed, start, s, k). So
+      * noise is made where the model is, in `dtype` (float32 by default): no [B, W, V] float64
+        tensor on the CPU and no host-to-device copy per step;
+      * a chunk's numbers depend only on its own seed, its own rows and (block, step, draw), not on
+        the other chunks in the batch nor on how many steps a block took for them (threshold decoding
+        runs a block until its slowest row is full; early exit ends the call when every row is done):
+        a batched call over several groups gives each group what a call on that group alone gives
+        (same padded prompts), which the trainer's one-call-per-rank rollout relies on.
+    The stream differs from a CPU draw of the same seed (the device's own generator makes it), so a
+    rollout on CUDA is not the CPU rollout of the same seed; it is a fixed function of the seed on
+    either. Reseeding a generator is host-only work (no device sync); a captured CUDA graph could not
+    reseed, and would need graph-safe generator states instead (the sampler captures no graphs today).
+
+    float32 uniforms are multiples of 2^-24 (on CUDA too, near 1), so the Gumbel noise -log(-log U)
+    is capped at about 16.6: a token whose tempered probability is below ~e^-16.6 = 6e-8 is (almost)
+    never drawn, and the probability mass lost is of the order of the total mass of such tokens
+    (under 1% even if all 126k of LLaDA's ids sat there). float64 uniforms move the cap to ~1e-16:
+    rollout.noise_dtype=float64, at twice the memory of the [B, W, V] draw.
     """
 
-    def __init__(self, generator: torch.Generator | None, batch_size: int, rows: Tensor, device: torch.device):
-        self.generator = generator
-        self.batch_size = batch_size
-        self.rows = rows  # [A] long, indices of the running rows
-        self.device = device
+    def __init__(self, generator: torch.Generator | RowGenerators, batch_size: int, device: torch.device,
+                 dtype: torch.dtype = torch.float32):
+        row_chunks(generator, batch_size)  # a RowGenerators that does not cover the batch fails here, before any call
+        self.generator, self.batch_size = generator, batch_size
+        self.device, self.dtype = torch.device(device), dtype
+        self.chunks: list[tuple[int, int, int]] | None = None  # (lo, hi, seed), drawn at the first use
+        self.device_generator = torch.Generator(device=self.device)
+        self.key = (0, 0)
+        self.draws = 0
+
+    def begin_step(self, start: int, step: int) -> None:
+        """Key the next draws by the block (its first slot) and the step inside it."""
+        self.key, self.draws = (start, step), 0
 
     def __call__(self, *tail: int) -> Tensor:
-        """[A, *tail] float64 uniforms."""
-        # float64 as in LLaDA's reference: from float32 uniforms the Gumbel tail -log U is coarse,
-        # which biases low-temperature sampling. uniform_draw refuses a missing generator.
-        u = uniform_draw((self.batch_size, *tail), generator=self.generator, device=self.device, dtype=torch.float64)
-        return u[self.rows.to(self.device)]
+        """[B, *tail] uniforms in [0, 1), self.dtype, on self.device: the next draw of this step."""
+        if self.chunks is None:
+            self.chunks = chunk_seeds(self.generator, self.batch_size)
+        out = torch.empty((self.batch_size, *tail), dtype=self.dtype, device=self.device)
+        for lo, hi, seed in self.chunks:
+            self.device_generator.manual_seed(keyed_seed(seed, *self.key, self.draws))
+            out[lo:hi].uniform_(generator=self.device_generator)
+        self.draws += 1
+        return out
 
 
-def gumbel_argmax(logits: Tensor, temperature: float, uniforms: Tensor | None) -> Tensor:
+def gumbel_argmax(logits: Tensor, temperature: float, uniforms: Tensor | None, *, consume: bool = False) -> Tensor:
     """A draw from softmax(logits / temperature) by the Gumbel-max trick; argmax when temperature is 0.
 
-    logits [..., V], uniforms [..., V] in [0, 1) (ignored at temperature 0) -> [...] long.
+    logits [..., V], uniforms [..., V] in [0, 1) (ignored at temperature 0) -> [...] long. Computed
+    in the uniforms' dtype; consume=True overwrites `uniforms` in place instead of allocating the
+    scores (the samplers' per-step draw, [B, W, V], is used once).
 
     LLaDA's reference computes argmax(exp(logits) / (-log U)^temperature) in float64. Its log,
     argmax(logits - temperature * log(-log U)), picks the same token from the same U without
@@ -49,8 +105,25 @@ def gumbel_argmax(logits: Tensor, temperature: float, uniforms: Tensor | None) -
         return logits.argmax(dim=-1)
     if uniforms is None or uniforms.shape != logits.shape:
         raise ValueError(f"uniforms must have the logits' shape {list(logits.shape)} when temperature > 0")
-    scores = logits.double() - temperature * torch.log(-torch.log(uniforms))
-    return scores.argmax(dim=-1)
+    scores = uniforms if consume else uniforms.clone()
+    scores.log_().neg_().log_().mul_(-temperature)  # -temperature * log(-log U): tempered Gumbel noise
+    same = torch.promote_types(logits.dtype, scores.dtype) == scores.dtype
+    return scores.add_(logits if same else logits.to(scores.dtype)).argmax(dim=-1)
+
+
+def chosen_probability(logits: Tensor, tokens: Tensor) -> Tensor:
+    """softmax(logits)[tokens] in float64: logits [..., V], tokens [...] long -> [...] float64.
+
+    The reference ranks commits by float64 probabilities (float32 rounds p = 1 - 1e-9 to 1.0 and ties
+    positions it orders). Here the exponentials are float32 and only their sum and the chosen entry
+    are float64, so no [..., V] float64 copy of the logits is made; the result is within ~1e-7
+    (relative) of the float64 softmax and keeps the reference's order except at such near-ties.
+    """
+    z = logits if logits.dtype == torch.float64 else logits.float()  # [..., V]
+    top = z.amax(dim=-1, keepdim=True)  # [..., 1]
+    total = (z - top).exp_().sum(dim=-1, dtype=torch.float64)  # [...]
+    chosen = z.gather(-1, tokens[..., None]).squeeze(-1).double()  # [...]
+    return (chosen - top.squeeze(-1).double()).exp() / total
 
 
 def guided_logits(cond: Tensor, uncond: Tensor, cfg_scale: float) -> Tensor:

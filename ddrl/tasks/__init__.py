@@ -7,32 +7,40 @@ Built-in tasks register themselves in ddrl.registry.TASKS when this package is i
 held-out machinery shared by the procedural tasks lives here, above the imports of the task
 modules (which use it):
 
-Train/test disjointness. A procedural generator (reasoning-gym) can produce the same puzzle from
-two different seeds; separate seed ranges alone do not make a test set held out. Every generated
-example therefore has a split key (the puzzle string, the problem's numbers and target, the
-question text) whose SHA-256 decides its split: a fixed fraction of the key space is test, the
-rest train. Train examples with a test key are skipped and vice versa, so a test example never
-appears in ANY train split, whatever its seed or size. Test sets cost 1/test_fraction generator
-calls per example.
+Train/dev/test disjointness. A procedural generator (reasoning-gym) can produce the same puzzle
+from two different seeds; separate seed ranges alone do not make a split held out. Every
+generated example therefore has a split key (the puzzle string, the problem's numbers and target,
+the question text) whose SHA-256 decides its split: a fixed fraction of the key space
+(`test_fraction`) is held out, the rest train; the held-out keys are shared between dev and test,
+half each (`DEV_SHARE`, by an independent word of the same digest). A stream skips the examples
+whose key belongs to another split, so a dev or test example never appears in ANY train split,
+nor a test example in any dev split, whatever the seeds or sizes. The train streams are the ones
+from before dev existed (dev only divides the held-out side), so the shipped checkpoints were
+trained on exactly today's train split. Dev and test streams cost 1/(test_fraction * DEV_SHARE)
+generator calls per example.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 from typing import Any, Iterator
 
-from ddrl.tasks.base import Task
+from ddrl.tasks.base import SPLITS, Task, check_split, is_dev_key, is_test_key
 
-TRAIN_SEED_BASE = 0  # reasoning-gym seeds of train streams: TRAIN_SEED_BASE + seed * SEED_STRIDE + index
-TEST_SEED_BASE = 10**15  # test streams start far away (not needed for disjointness, avoids correlated streams)
+# reasoning-gym seeds of a stream: SPLIT_SEED_BASES[split] + seed * SEED_STRIDE + index. Disjoint
+# ranges are not what keeps splits apart (the key hash is); they keep the streams uncorrelated.
+# "dev" starts where the test streams started before dev existed: puzzles that past choices were
+# made on are dev puzzles or not drawn at all, and the sealed test streams are fresh draws.
+SPLIT_SEED_BASES = {"train": 0, "dev": 10**15, "test": 2 * 10**15}
 SEED_STRIDE = 10**8  # examples per stream before two seeds' streams would overlap
+DEV_SHARE = 0.5  # of the held-out keys; the rest are test
 
 
-def is_test_key(key: str, test_fraction: float) -> bool:
-    """Whether an example with this split key belongs to the test split (stable across runs)."""
-    h = int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()[:8], "big")
-    return h < test_fraction * 2**64
+def held_out_split(key: str, held_out_fraction: float) -> str:
+    """The split of a procedural example's key: "train", or "dev" / "test" for held-out keys."""
+    if not is_test_key(key, held_out_fraction):
+        return "train"
+    return "dev" if is_dev_key(key, DEV_SHARE) else "test"
 
 
 def check_format(task: str, fmt: str, supported: tuple[str, ...]) -> str:
@@ -43,15 +51,16 @@ def check_format(task: str, fmt: str, supported: tuple[str, ...]) -> str:
 
 
 class ReasoningGymTask(Task):
-    """A task drawn from a reasoning-gym procedural generator, split train/test by key hash.
+    """A task drawn from a reasoning-gym procedural generator, split train/dev/test by key hash.
 
     Subclasses set `dataset_name`, `test_fraction`, and implement `_rg_config` (generator options),
     `_example` (reasoning-gym item -> example dict, or None to skip it) and `_split_key`.
     Examples of one (split, seed) form a stream: `train_examples(k, s)` is a prefix of
-    `train_examples(n, s)` for k < n.
+    `train_examples(n, s)` for k < n, and likewise for dev and test.
     """
 
     dataset_name: str = ""
+    #: Share of the key space held out of train (dev and test together, DEV_SHARE of it dev).
     test_fraction: float = 0.1
     max_attempts_per_example: int = 200  # give up (with an error) on an exhausted generator
 
@@ -83,16 +92,16 @@ class ReasoningGymTask(Task):
                 except (ValueError, RuntimeError, ZeroDivisionError):  # generator gave up on this seed
                     yield None
 
+    def split_of(self, example: dict[str, Any]) -> str:
+        """The split an example's key belongs to, whichever stream produced it."""
+        return held_out_split(self._split_key(example), self.test_fraction)
+
     def _split_stream(self, split: str, seed: int) -> Iterator[dict[str, Any] | None]:
         """One entry per generated item: the example if it belongs to `split`, else None."""
-        base = (TEST_SEED_BASE if split == "test" else TRAIN_SEED_BASE) + int(seed) * SEED_STRIDE
+        base = SPLIT_SEED_BASES[check_split(split)] + int(seed) * SEED_STRIDE
         for item in self._items(base):
             example = None if item is None else self._example(item)
-            if example is None:
-                yield None
-                continue
-            in_test = is_test_key(self._split_key(example), self.test_fraction)
-            yield example if in_test == (split == "test") else None
+            yield example if example is not None and self.split_of(example) == split else None
 
     def _examples(self, split: str, n: int, seed: int) -> list[dict[str, Any]]:
         if n < 0:
@@ -115,6 +124,9 @@ class ReasoningGymTask(Task):
     def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         return self._examples("train", n, seed)
 
+    def dev_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        return self._examples("dev", n, seed)
+
     def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         return self._examples("test", n, seed)
 
@@ -135,4 +147,4 @@ except ModuleNotFoundError as e:
     if e.name != "ddrl.tasks.code_tasks":
         raise
 
-__all__ = ["Task", "ReasoningGymTask", "get_task", "is_test_key"]
+__all__ = ["SPLITS", "Task", "ReasoningGymTask", "get_task", "held_out_split", "is_dev_key", "is_test_key"]

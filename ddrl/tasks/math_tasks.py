@@ -6,7 +6,7 @@ Reward (d1, Zhao et al. 2025): `correctness_weight` (2.0) x math-verify correctn
 <answer> (or \\boxed{}) against the gold answer + `format_weight` (0.5) x the soft format check.
 `Task.correct` counts the correctness part only; each part is logged (`task.reward_parts`).
 
-- gsm_symbolic: reasoning-gym's GSM-Symbolic templates, split train/test by question hash.
+- gsm_symbolic: reasoning-gym's GSM-Symbolic templates, split train/dev/test by question hash.
 - gsm8k / math500: local files, `train_path` + `test_path` (JSONL/JSON/CSV/parquet; `path` alone is
   the test file, split="hash" splits it by question hash), or a `datasets` hub name (`dataset=`,
   needs `pip install datasets`); see ddrl/tasks/paper_data.py. The formats are the papers' (d1, SPG,
@@ -26,7 +26,7 @@ from ddrl.rewards.composite import CompositeReward
 from ddrl.rewards.format import soft_format_reward
 from ddrl.rewards.math import gold_answer, math_correctness_reward
 from ddrl.tasks import ReasoningGymTask, check_format
-from ddrl.tasks.paper_data import DataSource, FileTask, PresetMixin
+from ddrl.tasks.paper_data import DEFAULT_DEV_FRACTION, DataSource, FileTask, PresetMixin
 from ddrl.tasks.paper_data import read_records  # noqa: F401  (re-exported: code_tasks imports it from here)
 
 D1_SYSTEM_PROMPT = (
@@ -92,7 +92,8 @@ class MathFileTask(PresetMixin, MathRewardMixin, FileTask):
 
     Args: train_path + test_path (the normal form) | test_path or path (evaluation only: every row
     is a test row) | path + split="hash" (+ test_fraction, default 0.1) | dataset (+ dataset_config,
-    train_split, test_split); question_field, answer_field; correctness_weight, format_weight;
+    train_split, test_split); dev_fraction (the share of train rows held out as dev, default 0.1);
+    question_field, answer_field; correctness_weight, format_weight;
     preset (a paper's prompt, reward and metric: "d1", "espo", ...); format ("chat" only).
     """
 
@@ -105,7 +106,8 @@ class MathFileTask(PresetMixin, MathRewardMixin, FileTask):
     def __init__(self, path: str | None = None, *, train_path: str | None = None, test_path: str | None = None,
                  dataset: str | None = None, dataset_config: str | None = None, train_split: str = "train",
                  test_split: str = "test", split: str | None = None, test_fraction: float | None = None,
-                 question_field: str | None = None, answer_field: str | None = None,
+                 dev_fraction: float = DEFAULT_DEV_FRACTION, question_field: str | None = None,
+                 answer_field: str | None = None,
                  correctness_weight: float = 2.0, format_weight: float = 0.5, format: str = "chat",
                  preset: str | None = None):
         self.format = check_format(self.name, format, ("chat",))
@@ -114,7 +116,7 @@ class MathFileTask(PresetMixin, MathRewardMixin, FileTask):
         self._init_source(DataSource(self.name, path=path, train_path=train_path, test_path=test_path,
                                      dataset=dataset, dataset_config=dataset_config, train_split=train_split,
                                      test_split=test_split, split=split, test_fraction=test_fraction,
-                                     example_source=hint))
+                                     dev_fraction=dev_fraction, example_source=hint))
         self.question_field = question_field or self.default_question_field
         self.answer_field = answer_field or self.default_answer_field
         self._init_reward(correctness_weight, format_weight)

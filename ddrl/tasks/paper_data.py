@@ -13,13 +13,20 @@ files; it never carves a test split out of one file unless asked to:
                                         also asks for it); stable across runs and file orders
     dataset=NAME                        a Hugging Face hub dataset (needs `pip install datasets`)
 
+Dev. Choices (recipes, learning rates, checkpoints) are made on dev, which is held out of the TRAIN
+rows, never of the test file: `dev_fraction` (default 0.1) of the train rows by a hash of their key,
+independent of the test_fraction hash. The test file stays whole and sealed, for reported numbers
+(`test_examples`, `all_test_examples` are what they were). dev_fraction=0 trains on every train
+row, as the papers do, and leaves the task without a dev split. A task with no train rows
+(test_path= or path= alone) has no dev split either.
+
 Files: .jsonl (one JSON object a line), .json (a list of objects), .csv (a header row; cells
 stay strings, so d1's Sudoku "0310..." keeps its leading zero) and .parquet (needs
 `pip install pyarrow`).
 
 `preset="d1"` (or "espo", "spg", "stable_drl", "gdsd") makes a task use the paper's prompt, reward
 and accuracy metric from `ddrl.tasks.presets.get_preset(preset, task.name)` in place of its own:
-train examples get `preset.prompt(example)` as their "prompt", test examples
+train examples get `preset.prompt(example)` as their "prompt", dev and test examples
 `preset.prompt_for_eval(example)` (d1 evaluates with another system prompt than it trains with),
 `reward` is the preset's reward and `metric` its per-item accuracy, `correct` = metric == 1.
 """
@@ -31,12 +38,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ddrl.tasks import is_test_key
-from ddrl.tasks.base import Task, held_out_sample, train_cycle
+from ddrl.tasks.base import Task, held_out_sample, is_test_key, split_fixed_rows, train_cycle
 from ddrl.tasks.presets import Preset, get_preset
 
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 DEFAULT_TEST_FRACTION = 0.1  # of a single file split by hash (split="hash")
+DEFAULT_DEV_FRACTION = 0.1  # of the train rows, held out as dev
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
@@ -87,13 +94,19 @@ class DataSource:
 
     `mode` is "files" (train_path / test_path / path), "hash" (one file split by key hash) or
     "hub" (dataset=). `records(split)` returns (where, row) pairs, `where` naming the row in errors.
+    `dev_fraction` is the share of the train rows held out as dev.
     """
 
     def __init__(self, task: str, *, path: str | None = None, train_path: str | None = None,
                  test_path: str | None = None, dataset: str | None = None, dataset_config: str | None = None,
                  train_split: str = "train", test_split: str = "test", split: str | None = None,
-                 test_fraction: float | None = None, example_source: str = ""):
+                 test_fraction: float | None = None, dev_fraction: float = DEFAULT_DEV_FRACTION,
+                 example_source: str = ""):
         self.task = task
+        if not 0.0 <= float(dev_fraction) < 1.0:
+            raise ValueError(f"task {task!r}: dev_fraction must be in [0, 1) (the share of train rows held out "
+                             f"as dev; 0 = no dev split), got {dev_fraction}")
+        self.dev_fraction = float(dev_fraction)
         given = [path is not None, train_path is not None or test_path is not None, dataset is not None]
         if sum(given) != 1:
             raise ValueError(f"task {task!r} needs exactly one data source: train_path=TRAIN_FILE and "
@@ -121,6 +134,7 @@ class DataSource:
         self.hub_splits = {"train": train_split, "test": test_split}
 
     def has(self, split: str) -> bool:
+        """Whether rows of `split` ("train" or "test": dev is part of the train rows) exist."""
         if self.mode != "files":
             return True
         return (self.train_path if split == "train" else self.test_path) is not None
@@ -136,6 +150,13 @@ class DataSource:
         return [(f"{where} record {i}", row) for i, row in enumerate(rows)]
 
     def _missing(self, split: str) -> str:
+        if split == "dev":
+            if self.dev_fraction == 0.0:
+                return (f"task {self.task!r} has no dev split: dev_fraction=0 trains on every train row; set "
+                        f"dev_fraction={DEFAULT_DEV_FRACTION} (task.args.dev_fraction) to hold part of them out "
+                        f"for choices, or choose nothing and report on the test split")
+            return (f"task {self.task!r} has no dev split: dev is held out of the train rows (never the test "
+                    f"file) and this task has none; pass train_path=TRAIN_FILE (or split='hash' on one file)")
         if split == "train" and self.path is not None:
             return (f"task {self.task!r}: path={self.path!r} is the test file (every row is evaluated); "
                     f"to train, pass train_path=TRAIN_FILE (with test_path=TEST_FILE), or split='hash' "
@@ -147,8 +168,9 @@ class FileTask(Task):
     """A task whose examples are the rows of a DataSource.
 
     Subclasses implement `_example(row, where)` (a file row -> an example dict with "prompt") and
-    `_split_key(example)` (what identifies a problem: train never holds a test problem's key, and
-    split="hash" decides each row's split by it).
+    `_split_key(example)` (what identifies a problem: train never holds a test problem's key,
+    split="hash" decides each row's split by it, and dev is the dev_fraction share of the train
+    rows by its hash).
     """
 
     source: DataSource
@@ -165,22 +187,42 @@ class FileTask(Task):
 
     def _split_rows(self, split: str) -> list[dict[str, Any]]:
         if split not in self._rows:
-            if not self.source.has(split):
+            side = "test" if split == "test" else "train"  # dev is held out of the train rows
+            if not self.source.has(side):
                 raise ValueError(self.source._missing(split))
             # every record is turned into an example, so a malformed row fails whatever its split
-            rows = [self._example(row, where) for where, row in self.source.records(split)]
+            rows = [self._example(row, where) for where, row in self.source.records(side)]
             if self.source.mode == "hash":
                 tf = self.source.test_fraction
-                rows = [ex for ex in rows if is_test_key(self._split_key(ex), tf) == (split == "test")]
-            elif split == "train" and self.source.has("test"):  # files may overlap: never train on a test item
+                rows = [ex for ex in rows if is_test_key(self._split_key(ex), tf) == (side == "test")]
+            elif side == "train" and self.source.has("test"):  # files may overlap: never train on a test item
                 held = {self._split_key(ex) for ex in self._split_rows("test")}
                 rows = [ex for ex in rows if self._split_key(ex) not in held]
-            self._rows[split] = rows
+            if side == "test":
+                self._rows["test"] = rows
+            else:
+                self._rows["train"], self._rows["dev"] = split_fixed_rows(rows, self._split_key,
+                                                                          self.source.dev_fraction)
         return self._rows[split]
 
     def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """n examples, cycling through seeded permutations of the train rows when n exceeds them."""
-        return train_cycle(self._split_rows("train"), n, f"{self.name}-train-{seed}")
+        rows = self._split_rows("train")
+        if not rows and n > 0:
+            raise ValueError(f"task {self.name!r}: no train rows left after dropping test problems and holding "
+                             f"out dev (dev_fraction={self.source.dev_fraction}); pass a larger train file, or "
+                             f"dev_fraction=0")
+        return train_cycle(rows, n, f"{self.name}-train-{seed}")
+
+    def dev_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """min(n, size) distinct dev examples (held out of the train rows), in a seeded order."""
+        rows = self._split_rows("dev")
+        if not rows and self.source.dev_fraction == 0.0:
+            raise ValueError(self.source._missing("dev"))
+        if not rows:
+            raise ValueError(f"task {self.name!r}: none of its {len(self._split_rows('train'))} train rows fell in "
+                             f"dev (dev_fraction={self.source.dev_fraction}); pass a larger dev_fraction or train file")
+        return held_out_sample(rows, n, f"{self.name}-dev-{seed}")
 
     def all_test_examples(self) -> list[dict[str, Any]]:
         """The whole test split in file order (the order a paper's evaluation and subsample use)."""
@@ -220,6 +262,9 @@ class PresetMixin:
 
     def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         return self._preset_prompts(super().train_examples(n, seed), "train")  # type: ignore[misc]
+
+    def dev_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        return self._preset_prompts(super().dev_examples(n, seed), "dev")  # type: ignore[misc]
 
     def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         return self._preset_prompts(super().test_examples(n, seed), "test")  # type: ignore[misc]

@@ -4,8 +4,11 @@
 reasoning-gym removes cells from a random solved grid while the puzzle keeps a unique solution
 (`min_empty`..`max_empty` blanks; a 4x4 puzzle may end with fewer blanks than asked when removing
 more would break uniqueness). Only 288 solved 4x4 grids exist, so with `holdout="solution"` the
-test split is made of grids that no train puzzle has (hash of the solution); the default
-`holdout="puzzle"` only keeps the puzzles themselves apart (see ddrl/tasks/__init__.py).
+dev and test splits are made of grids that no train puzzle has (hash of the solution); the default
+`holdout="puzzle"` only keeps the puzzles themselves apart (see ddrl/tasks/__init__.py). With
+test_fraction 0.1, holdout="solution" gives train 265 grids, dev 10, test 13
+(tests/unit/test_splits.py counts them). Puzzles of one grid are not independent examples, so
+`cluster_key` is the solution grid: intervals bootstrap over grids (ddrl/eval/stats.py).
 
 Formats:
 - compact (built-in tiny models): prompt = the grid row-major, one char per cell, "." for a blank,
@@ -25,7 +28,7 @@ from ddrl.registry import TASKS
 from ddrl.rewards.composite import per_completion
 from ddrl.rewards.format import extract_answer
 from ddrl.tasks import ReasoningGymTask, check_format
-from ddrl.tasks.paper_data import DataSource, FileTask, PresetMixin, check_preset_format
+from ddrl.tasks.paper_data import DEFAULT_DEV_FRACTION, DataSource, FileTask, PresetMixin, check_preset_format
 
 BLANK = "."
 _GRID_CHARS = set("0123456789._")
@@ -127,6 +130,9 @@ class SudokuTask(ReasoningGymTask):
 
     def _split_key(self, example: dict[str, Any]) -> str:
         return example[self.holdout]
+
+    def cluster_key(self, example: dict[str, Any]) -> str:
+        return example["solution"]
 
     def _prompt(self, puzzle: str) -> str:
         if self.format == "compact":
@@ -233,9 +239,9 @@ class Sudoku4x4Task(PresetMixin, BlankCellScoring, FileTask):
     SPG, ESPO and GDSD; SPG also ships a solution-disjoint train_/test_sudoku_split_new.csv. Column
     names match case-insensitively. Examples: "prompt", "puzzle", "solution".
 
-    Args: train_path, test_path, path, split, test_fraction, dataset (ddrl/tasks/paper_data.py);
-    format ("chat" only); preset. Reward and accuracy as d1: the fraction of blank cells filled
-    correctly (`metric`); `correct` = all of them.
+    Args: train_path, test_path, path, split, test_fraction, dev_fraction, dataset
+    (ddrl/tasks/paper_data.py); format ("chat" only); preset. Reward and accuracy as d1: the
+    fraction of blank cells filled correctly (`metric`); `correct` = all of them.
     """
 
     name = "sudoku4x4"
@@ -244,12 +250,13 @@ class Sudoku4x4Task(PresetMixin, BlankCellScoring, FileTask):
     def __init__(self, path: str | None = None, *, train_path: str | None = None, test_path: str | None = None,
                  dataset: str | None = None, dataset_config: str | None = None, train_split: str = "train",
                  test_split: str = "test", split: str | None = None, test_fraction: float | None = None,
-                 format: str | None = None, preset: str | None = None):
+                 dev_fraction: float = DEFAULT_DEV_FRACTION, format: str | None = None, preset: str | None = None):
         fmt = check_preset_format(self.name, preset, format, "chat")
         self.format = check_format(self.name, fmt, ("chat",))
         self._init_source(DataSource(self.name, path=path, train_path=train_path, test_path=test_path,
                                      dataset=dataset, dataset_config=dataset_config, train_split=train_split,
-                                     test_split=test_split, split=split, test_fraction=test_fraction))
+                                     test_split=test_split, split=split, test_fraction=test_fraction,
+                                     dev_fraction=dev_fraction))
         self._init_preset(preset)
 
     def _example(self, row: dict[str, Any], where: str) -> dict[str, Any]:
@@ -263,6 +270,10 @@ class Sudoku4x4Task(PresetMixin, BlankCellScoring, FileTask):
 
     def _split_key(self, example: dict[str, Any]) -> str:
         return example["puzzle"]
+
+    def cluster_key(self, example: dict[str, Any]) -> str:
+        """d1's puzzles come from the same 288 grids: bootstrap over solution grids."""
+        return example["solution"]
 
     def _prompt(self, puzzle: str) -> str:
         return ("Solve this 4x4 Sudoku. The grid is a 16-character string read row by row, left to right; "

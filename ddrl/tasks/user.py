@@ -5,6 +5,7 @@
 
     task = FunctionTask("parity", reward_fn=my_reward,
                         train_examples=[{"prompt": "1011", "answer": "1"}, ...],
+                        dev_examples=[{"prompt": "1100", "answer": "0"}, ...],   # or dev_fraction=0.1
                         test_examples=[{"prompt": "0110", "answer": "0"}, ...])
 
 `reward_fn` follows the reward contract, `reward(completions, **columns) -> list[float | None]`;
@@ -18,7 +19,7 @@ import importlib
 from typing import Any, Callable, Sequence
 
 from ddrl.registry import TASKS
-from ddrl.tasks.base import RewardFn, Task, held_out_sample, train_cycle
+from ddrl.tasks.base import RewardFn, Task, held_out_sample, split_fixed_rows, train_cycle
 
 ExamplesFn = Callable[[int, int], list[dict[str, Any]]]
 
@@ -53,17 +54,27 @@ def load_task(name_or_path: str, **kwargs: Any) -> Task:
 class FunctionTask(Task):
     """Prompts + a reward function as a Task.
 
-    train_examples / test_examples: a list of example dicts (each with "prompt" and the reward's
-    columns) or a function (n, seed) -> such a list. With two lists, train examples whose prompt
-    is also a test prompt are dropped, so the test split stays held out.
+    train_examples / dev_examples / test_examples: a list of example dicts (each with "prompt" and
+    the reward's columns) or a function (n, seed) -> such a list. Lists are kept apart by prompt:
+    train drops dev and test prompts, dev drops test prompts, so test stays sealed and dev held
+    out. The lists are the user's own splits, so nothing moves between them unless asked:
+    without dev_examples the task has no dev split, unless `dev_fraction` > 0 holds that share of
+    a train list out as dev (by a hash of the prompt, as the file tasks do).
     """
 
     def __init__(self, name: str, reward_fn: RewardFn, train_examples: Sequence[dict[str, Any]] | ExamplesFn,
-                 test_examples: Sequence[dict[str, Any]] | ExamplesFn | None = None, *, gen_length: int = 256,
-                 success_threshold: float = 1.0, format: str = "chat", symbols: Sequence[str] | None = None,
-                 pretrain_pairs: ExamplesFn | None = None, uniform_symbols: Sequence[str] | None = None):
+                 test_examples: Sequence[dict[str, Any]] | ExamplesFn | None = None, *,
+                 dev_examples: Sequence[dict[str, Any]] | ExamplesFn | None = None, dev_fraction: float = 0.0,
+                 gen_length: int = 256, success_threshold: float = 1.0, format: str = "chat",
+                 symbols: Sequence[str] | None = None, pretrain_pairs: ExamplesFn | None = None,
+                 uniform_symbols: Sequence[str] | None = None):
         if not callable(reward_fn):
             raise TypeError(f"reward_fn must be callable, got {reward_fn!r}")
+        if dev_examples is not None and dev_fraction:
+            raise ValueError(f"task {name!r}: pass dev_examples= or dev_fraction=, not both")
+        if dev_fraction and callable(train_examples):
+            raise ValueError(f"task {name!r}: dev_fraction= holds out part of a train list; with a train "
+                             f"function, pass dev_examples=")
         self.name = name
         self.reward_fn = reward_fn
         self.gen_length = gen_length
@@ -72,16 +83,13 @@ class FunctionTask(Task):
         self._symbols = list(symbols) if symbols is not None else None
         self._pretrain_pairs = pretrain_pairs
         self.uniform_symbols = list(uniform_symbols) if uniform_symbols is not None else None
-        if callable(test_examples) or test_examples is None:
-            self._test: Sequence[dict[str, Any]] | ExamplesFn | None = test_examples
-        else:
-            self._test = [dict(e) for e in test_examples]
-        if callable(train_examples):
-            self._train: Sequence[dict[str, Any]] | ExamplesFn = train_examples
-        else:
-            held = {e.get("prompt") for e in self._test} if isinstance(self._test, list) else set()
-            self._train = [dict(e) for e in train_examples if e.get("prompt") not in held]
-        for split in (self._train, self._test):
+        self._test = _examples_or_fn(test_examples, held_prompts=set())
+        self._dev = _examples_or_fn(dev_examples, held_prompts=_prompts(self._test))
+        self._train = _examples_or_fn(train_examples, held_prompts=_prompts(self._test) | _prompts(self._dev))
+        if dev_fraction:
+            assert isinstance(self._train, list)
+            self._train, self._dev = split_fixed_rows(self._train, lambda e: str(e.get("prompt")), dev_fraction)
+        for split in (self._train, self._dev, self._test):
             if isinstance(split, list) and any("prompt" not in e for e in split):
                 raise ValueError(f"task {name!r}: every example needs a 'prompt' key")
 
@@ -89,6 +97,15 @@ class FunctionTask(Task):
         if callable(self._train):
             return list(self._train(n, seed))
         return train_cycle(self._train, n, f"{self.name}-train-{seed}")
+
+    def dev_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        if self._dev is None or (isinstance(self._dev, list) and not self._dev):
+            raise ValueError(f"task {self.name!r} has no dev split (for choices; test is only for reported "
+                             f"numbers): pass dev_examples= (a list or an (n, seed) function), or dev_fraction=0.1 "
+                             f"to hold part of the train list out")
+        if callable(self._dev):
+            return list(self._dev(n, seed))
+        return held_out_sample(self._dev, n, f"{self.name}-dev-{seed}")
 
     def test_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         if self._test is None:
@@ -122,3 +139,15 @@ class FunctionTask(Task):
         if self._pretrain_pairs is None:
             return super().pretrain_pairs(n, seed)
         return list(self._pretrain_pairs(n, seed))
+
+
+def _examples_or_fn(examples: Sequence[dict[str, Any]] | ExamplesFn | None,
+                    held_prompts: set[Any]) -> list[dict[str, Any]] | ExamplesFn | None:
+    """A split as given: a function as is, a list copied without the prompts of sealed splits."""
+    if examples is None or callable(examples):
+        return examples
+    return [dict(e) for e in examples if e.get("prompt") not in held_prompts]
+
+
+def _prompts(split: list[dict[str, Any]] | ExamplesFn | None) -> set[Any]:
+    return {e.get("prompt") for e in split} if isinstance(split, list) else set()

@@ -59,4 +59,4 @@ def test_llada_8b_shaped_bench_at_reduced_depth():
                       "--steps", "16", "--gradient-checkpointing"])
     assert row["rollout_tok_s"] > 0 and math.isfinite(row["loss"])
     assert row["params_M"] > 1000  # 2 layers at 4096 wide + the 126464-token embeddings and head
-    assert row["peak_MB"] < 60_000
+    assert row["peak_MB"] is not None and row["peak_MB"] < 60_000  # CUDA peak since before the rollout

@@ -25,7 +25,8 @@ from ddrl.config import SamplerConfig
 from ddrl.models import Denoiser, DenoiserConfig, DiffusionLM
 from ddrl.sampling import cache as cache_module
 from ddrl.sampling.cache import ApproxBlockCache, FullForward, accepts_cache
-from ddrl.sampling.masked import commit_by_factor, generate, sample_block, sample_masked
+from ddrl.sampling.commit import commit_by_factor
+from ddrl.sampling.masked import generate, sample_block, sample_masked
 from tests.toy_models import Output, ToyDiffusionLM
 
 V, MASK, PAD, EOS = 24, 23, 0, 1

@@ -15,15 +15,8 @@ import torch
 
 from ddrl.config import SamplerConfig
 from ddrl.registry import SAMPLERS
-from ddrl.sampling.masked import (
-    commit_above_threshold,
-    commit_top_k,
-    generate,
-    sample_block,
-    sample_emerge,
-    sample_masked,
-    transfer_counts,
-)
+from ddrl.sampling.commit import commit_above_threshold, commit_top_k, transfer_counts
+from ddrl.sampling.masked import generate, sample_block, sample_emerge, sample_masked
 from ddrl.processes.draws import uniform_draw
 from ddrl.sampling.utils import gumbel_argmax
 from tests.toy_models import Output, ToyDiffusionLM
@@ -285,10 +278,15 @@ def test_threshold_one_is_one_token_per_step(model):
     assert counting.calls == 8
 
 
-def test_threshold_zero_commits_each_block_in_one_step(model):
+# The greedy token's probability is at least 1/V, so a threshold below it commits every position.
+ANY_CONFIDENCE = 1e-6
+
+
+def test_a_threshold_below_any_confidence_commits_each_block_in_one_step(model):
     ids, mask = left_pad(PROMPTS)
     counting = Counting(model)
-    out = generate(counting, ids, mask, steps=99, gen_length=8, block_length=4, mask_id=MASK, threshold=0.0)
+    out = generate(counting, ids, mask, steps=99, gen_length=8, block_length=4, mask_id=MASK,
+                   threshold=ANY_CONFIDENCE)
     one_step_per_block = generate(model, ids, mask, steps=2, gen_length=8, block_length=4, mask_id=MASK)
     assert torch.equal(out, one_step_per_block)
     assert counting.calls == 2
@@ -323,6 +321,7 @@ def test_threshold_commits_confident_tokens_and_one_more(model):
     (dict(temperature=0.5), "generator"),
     (dict(remasking="random"), "generator"),
     (dict(threshold=1.5), "threshold"),
+    (dict(threshold=0.0), r"threshold must be in \(0, 1\]"),
     (dict(temperature=-1.0), "temperature"),
 ])
 def test_bad_generate_arguments_fail_before_any_model_call(model, kwargs, match):
@@ -393,17 +392,15 @@ def test_block_sampler_uses_the_model_block_size(model):
     out = sample_block(block_model, ids, mask, cfg, generator=None)
     full = generate(block_model.model, ids, mask, steps=8, gen_length=8, block_length=4, mask_id=MASK)
     assert torch.equal(out.completion_ids, full[:, ids.shape[1]:])
-    threshold = sample_block(block_model, ids, mask, SamplerConfig(steps=8, gen_length=8, temperature=0.0,
-                                                                   threshold=0.0, early_exit=False), generator=None)
+    one_call = SamplerConfig(steps=8, gen_length=8, temperature=0.0, threshold=ANY_CONFIDENCE, early_exit=False)
+    threshold = sample_block(block_model, ids, mask, one_call, generator=None)
     # Prompts of 3, 5 and 1 tokens end 3, 1 and 1 tokens into a block of 4 (SDAR's layout counts blocks
-    # from position 0), so 8 completion tokens span 3 blocks: one call each at threshold 0.
+    # from position 0), so 8 completion tokens span 3 blocks: one call each when every position passes.
     assert threshold.nfe == 3
-    aligned = sample_block(block_model, ids[:, 1:2], None, SamplerConfig(steps=8, gen_length=8, temperature=0.0,
-                                                                        threshold=0.0, early_exit=False), generator=None)
+    aligned = sample_block(block_model, ids[:, 1:2], None, one_call, generator=None)
     assert aligned.nfe == 3  # a 1-token prompt: blocks [p, c0..c2], [c3..c6], [c7]
     four = torch.tensor([[2, 3, 4, 5]])
-    assert sample_block(block_model, four, None, SamplerConfig(steps=8, gen_length=8, temperature=0.0, threshold=0.0,
-                                                               early_exit=False), generator=None).nfe == 2
+    assert sample_block(block_model, four, None, one_call, generator=None).nfe == 2
     with pytest.raises(ValueError, match="block_size"):
         sample_block(model, ids, mask, cfg, generator=None)
     with pytest.raises(ValueError, match="block_length=2"):

@@ -48,7 +48,8 @@ def test_gsm8k_train_and_test_files_are_the_splits(tmp_path):
     assert len(test_ex) == 20  # the whole test file, as the papers' tables report
     assert {e["question"] for e in test_ex} == {r["question"] for r in gsm8k_rows(25, 45)}
     train_q = {e["question"] for e in task.train_examples(100)}
-    assert train_q == {r["question"] for r in gsm8k_rows(0, 25)}  # overlap removed from train only
+    dev_q = {e["question"] for e in task.dev_examples(100)}  # dev: a hashed tenth of the train rows
+    assert train_q | dev_q == {r["question"] for r in gsm8k_rows(0, 25)}  # overlap removed from train only
     ex = next(e for e in test_ex if e["question"].startswith("Ann has 30 "))
     assert ex["answer"] == "62" and set(ex) == {"prompt", "question", "answer"}
 
@@ -70,7 +71,7 @@ def test_hash_split_of_one_file_only_when_asked(tmp_path, kwargs):
     rows = gsm8k_rows(0, 200)
     task = get_task("gsm8k", path=write_jsonl(tmp_path / "all.jsonl", rows), **kwargs)
     test_q = {e["question"] for e in task.test_examples(1000)}
-    train_q = {e["question"] for e in task.train_examples(1000)}
+    train_q = {e["question"] for e in task.train_examples(1000)} | {e["question"] for e in task.dev_examples(1000)}
     assert test_q.isdisjoint(train_q) and test_q | train_q == {r["question"] for r in rows}
     assert 8 <= len(test_q) <= 35  # about 10% (the default test_fraction) of 200
     assert test_q == {e["question"] for e in get_task("gsm8k", path=str(tmp_path / "all.jsonl"),

@@ -249,9 +249,11 @@ def test_gsm8k_from_one_file_is_split_by_question(tmp_path):
     rows = _write_gsm8k(tmp_path / "gsm8k.jsonl", n=60, offset=995)  # answers up to 2,109: thousands commas
     task = get_task("gsm8k", path=str(tmp_path / "gsm8k.jsonl"), test_fraction=0.3)
     train_q = {e["question"] for e in task.train_examples(100)}
+    dev_q = {e["question"] for e in task.dev_examples(100)}  # held out of the train side
     test = task.test_examples(100)
     test_q = {e["question"] for e in test}
-    assert train_q.isdisjoint(test_q) and train_q | test_q == {r["question"] for r in rows} and test_q
+    assert train_q.isdisjoint(test_q) and dev_q.isdisjoint(train_q | test_q) and test_q
+    assert train_q | dev_q | test_q == {r["question"] for r in rows}
     assert len(test) == len(test_q)  # test examples are distinct, at most all of them
     assert task.test_examples(5, seed=1) == get_task("gsm8k", path=str(tmp_path / "gsm8k.jsonl"),
                                                      test_fraction=0.3).test_examples(5, seed=1)
@@ -269,7 +271,9 @@ def test_gsm8k_train_and_test_files_never_share_a_question(tmp_path):
     _write_gsm8k(tmp_path / "test.jsonl", n=10, offset=25)  # questions 25..29 are in both files
     task = get_task("gsm8k", train_path=str(tmp_path / "train.jsonl"), test_path=str(tmp_path / "test.jsonl"))
     train_q = {e["question"] for e in task.train_examples(30)}
-    assert len(train_q) == 25 and train_q.isdisjoint({e["question"] for e in task.test_examples(50)})
+    dev_q = {e["question"] for e in task.dev_examples(30)}  # dev is held out of the train rows
+    assert len(train_q | dev_q) == 25 and not train_q & dev_q
+    assert (train_q | dev_q).isdisjoint({e["question"] for e in task.test_examples(50)})
     assert len(task.train_examples(70)) == 70  # cycles through epochs
 
 
@@ -301,7 +305,8 @@ def test_parquet_files_load_when_pyarrow_is_installed(tmp_path):
     pq.write_table(pa.Table.from_pylist([{"question": f"q{i}", "answer": f"#### {i}"} for i in range(20)]),
                    tmp_path / "g.parquet")
     task = get_task("gsm8k", path=str(tmp_path / "g.parquet"), test_fraction=0.5)
-    assert len(task.test_examples(20)) + len({e["question"] for e in task.train_examples(40)}) == 20
+    train_q = {e["question"] for e in task.train_examples(40)} | {e["question"] for e in task.dev_examples(40)}
+    assert len(task.test_examples(20)) + len(train_q) == 20
 
 
 # --------------------------------------------------------------------------- digits

@@ -1,0 +1,182 @@
+"""Sampler settings are validated once, here: config validation (ddrl.config.validate_sampler) and every
+sampler entry point (generate, the registry samplers, dream_generate) call the same check_sampler, so
+a bad value gives the same message wherever it is caught, before any model call. The choice lists
+come from the modules that own them.
+
+Checks that need the model (its vocabulary, block size, maximum length) run in the samplers, with
+the model at hand; check_sampler takes the block size when it is known.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ddrl.registry import SAMPLERS
+from ddrl.sampling.cache import CACHE_MODES
+from ddrl.sampling.commit import REMASKING
+from ddrl.sampling.dream import ALGS
+from ddrl.sampling.utils import NOISE_DTYPES
+
+SEMI_AR = ("masked", "block", "emerge")  # the block-by-block samplers of ddrl.sampling.masked
+# Settings a sampler does not read, refused when set (so a config never silently ignores one).
+NOT_APPLICABLE: dict[str, tuple[str, ...]] = {
+    "emerge": ("threshold", "factor"),
+    "dream": ("block_length", "threshold", "factor", "cfg_scale", "cache"),
+    "diffusion_gemma": ("threshold", "factor", "cfg_scale", "cache"),
+}
+WHY_NOT = {
+    "emerge": "the emerge sampler unmasks at random by its schedule",
+    "dream": "it decodes the whole completion each step, without cache or guidance",
+    "diffusion_gemma": "it denoises one canvas by its own schedule, without cache or guidance",
+}
+
+
+# What a field a duck-typed config lacks means (SamplerConfig's defaults, where they are "off").
+DEFAULTS: dict[str, Any] = {"block_length": None, "temperature": 0.0, "cfg_scale": 0.0, "remasking": "low_confidence",
+                            "threshold": None, "factor": None, "cache": "auto", "alg": "entropy", "alg_temp": None,
+                            "top_p": None, "top_k": None, "noise_dtype": "float32"}
+
+
+def _get(cfg: Any, field: str) -> Any:
+    return getattr(cfg, field, DEFAULTS.get(field))
+
+
+def _is_set(cfg: Any, field: str) -> bool:
+    """Whether an optional setting is on (cache: anything but the reference's none/auto)."""
+    value = _get(cfg, field)
+    if field == "cfg_scale":
+        return bool(value)
+    if field == "cache":
+        return value not in (None, "none", "auto")
+    return value is not None
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_sampler(cfg: Any, key: str = "rollout", *, name: str | None = None, block_size: int | None = None) -> None:
+    """Validate sampler settings: choices, bounds, and the combinations the sampler accepts.
+
+    cfg         a SamplerConfig, or anything with its fields (generate() passes its keywords);
+                optional fields it lacks (factor, alg, top_k, noise_dtype ...) take their defaults.
+    key         the config section the messages name ("rollout", "sampler"); "" for keywords.
+    name        the sampler (default cfg.name, checked against the registry).
+    block_size  the model's block size when it is known and block-causal: the block sampler's block
+                length; the completion need not be whole blocks; prefix/dual need whole model blocks.
+    Raises ValueError with the key and the fix.
+    """
+    p = f"{key}." if key else ""
+    if name is None:
+        name = cfg.name
+        if name not in SAMPLERS:
+            raise ValueError(f"{p}name={name!r} is not valid; choose one of: {', '.join(SAMPLERS.names())}")
+    for field in ("steps", "gen_length"):
+        if not _positive_int(getattr(cfg, field)):
+            raise ValueError(f"{p}{field} must be a positive integer, got {getattr(cfg, field)!r}")
+    block_length = _get(cfg, "block_length")
+    if block_length is not None and not _positive_int(block_length):
+        raise ValueError(f"{p}block_length must be a positive integer or unset (one block), got {block_length!r}")
+    if _get(cfg, "temperature") < 0:
+        raise ValueError(f"{p}temperature must be >= 0 (0 = greedy), got {_get(cfg, 'temperature')}")
+    if _get(cfg, "cfg_scale") < 0:
+        raise ValueError(f"{p}cfg_scale must be >= 0 (0 = no guidance), got {_get(cfg, 'cfg_scale')}")
+    _check_choices(cfg, p)
+    _check_parallel_decoding(cfg, p, name)
+    top_p, top_k, alg_temp = _get(cfg, "top_p"), _get(cfg, "top_k"), _get(cfg, "alg_temp")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"{p}top_p must be in (0, 1] or unset, got {top_p}")
+    if top_k is not None and not _positive_int(top_k):
+        raise ValueError(f"{p}top_k must be a positive integer or unset, got {top_k!r}")
+    if alg_temp is not None and alg_temp < 0:
+        raise ValueError(f"{p}alg_temp must be >= 0 or unset, got {alg_temp}")
+    for field in NOT_APPLICABLE.get(name, ()):
+        if _is_set(cfg, field):
+            raise ValueError(f"{p}{field} does not apply to the {name} sampler ({WHY_NOT[name]}); unset it")
+    if name == "dream" and _get(cfg, "alg") == "origin" and alg_temp:
+        raise ValueError(f"{p}alg_temp applies to the confidence orderings; alg='origin' commits at random by the "
+                         f"schedule, so unset {p}alg_temp")
+    if name in SEMI_AR:
+        _check_blocks(cfg, p, name, block_size)
+
+
+def _check_choices(cfg: Any, p: str) -> None:
+    choices = (("remasking", REMASKING, "valid"), ("cache", CACHE_MODES, "valid"),
+               ("alg", ALGS, "one of Dream's orderings"), ("noise_dtype", tuple(NOISE_DTYPES), "valid"))
+    for field, valid, what in choices:
+        value = _get(cfg, field)
+        if value not in valid:
+            raise ValueError(f"{p}{field}={value!r} is not {what}; choose one of: {', '.join(valid)}")
+
+
+def _check_parallel_decoding(cfg: Any, p: str, name: str) -> None:
+    """threshold in (0, 1] (the same bound everywhere), factor > 0, one of them; the masked and block
+    samplers' sdar_dynamic rule needs a threshold (the others do not read remasking)."""
+    threshold, factor = _get(cfg, "threshold"), _get(cfg, "factor")
+    if threshold is not None and not 0.0 < threshold <= 1.0:
+        raise ValueError(f"{p}threshold must be in (0, 1] (0.9 is typical) or unset for fixed counts, got {threshold}")
+    if factor is not None and not factor > 0:
+        raise ValueError(f"{p}factor must be > 0 (Fast-dLLM's f, e.g. 1.0) or unset, got {factor}")
+    sdar = name in ("masked", "block") and _get(cfg, "remasking") == "sdar_dynamic"
+    if sdar and (threshold is None or factor is not None):
+        raise ValueError(f"{p}remasking='sdar_dynamic' needs {p}threshold (SDAR's confidence_threshold, e.g. 0.9) "
+                         f"and no {p}factor, got threshold={threshold}, factor={factor}")
+    if threshold is not None and factor is not None:
+        raise ValueError(f"{p}threshold={threshold} and {p}factor={factor} are two parallel-decoding rules; set only "
+                         f"one of them")
+
+
+def _check_blocks(cfg: Any, p: str, name: str, block_size: int | None) -> None:
+    """Block length, divisibility and steps per block of the block-by-block samplers."""
+    block_length, gen_length, steps, cache = _get(cfg, "block_length"), cfg.gen_length, cfg.steps, _get(cfg, "cache")
+    if name == "block":
+        if block_size is None:
+            return  # the model's block size decides; checked when the sampler runs
+        if block_length is not None and block_length != block_size:
+            raise ValueError(f"{p}block_length={block_length} differs from model.block_size={block_size}; "
+                             f"leave {p}block_length unset for the block sampler")
+        block = block_size
+    else:
+        block = block_length or gen_length
+    # A block model's blocks follow positions (ddrl.processes.block), so its completion need not be
+    # whole blocks: SDAR decodes up to a block boundary of prompt + completion.
+    if not block_size and gen_length % block:
+        raise ValueError(f"{p}gen_length={gen_length} is not divisible by {p}block_length={block}; "
+                         f"pick a block_length that divides gen_length")
+    # The rules that divide steps over blocks: fixed counts, SDAR's dynamic rule and emerge.
+    counts_steps = name == "emerge" or _get(cfg, "remasking") == "sdar_dynamic" or (
+        _get(cfg, "threshold") is None and _get(cfg, "factor") is None)
+    num_blocks = -(-gen_length // block)
+    if counts_steps and steps % num_blocks:
+        raise ValueError(f"{p}steps={steps} is not divisible by the number of blocks ({p}gen_length/"
+                         f"{p}block_length = {num_blocks}); use a multiple of {num_blocks}")
+    if block_size and cache in ("prefix", "dual") and block % block_size:
+        raise ValueError(f"{p}cache={cache!r} on a block-causal model needs sampler blocks made of whole model "
+                         f"blocks, but block_length={block} is not a multiple of model.block_size={block_size}; "
+                         f"use block_length={block_size} (the 'block' sampler) or {p}cache=none")
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs (prompts, generator): shared by the samplers
+# --------------------------------------------------------------------------------------------
+
+
+def check_prompts(prompt_ids: Tensor, attention_mask: Tensor | None) -> None:
+    """prompt_ids must be a [B, P] integer tensor and attention_mask None or of the same shape."""
+    integer = isinstance(prompt_ids, Tensor) and prompt_ids.dtype in (torch.int64, torch.int32)
+    if not integer or prompt_ids.dim() != 2:
+        raise ValueError(f"prompt_ids must be a [B, P] integer tensor of token ids, got "
+                         f"{getattr(prompt_ids, 'dtype', type(prompt_ids))} {list(getattr(prompt_ids, 'shape', []))}")
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(prompt_ids.shape):
+        raise ValueError(f"attention_mask must have prompt_ids' shape {list(prompt_ids.shape)} (1 = real token, "
+                         f"0 = left padding), got {list(attention_mask.shape)}")
+
+
+def check_generator_given(generator: Any, needed: bool, why: str) -> None:
+    """A sampler that draws needs an explicit generator (ddrl never uses the global RNG)."""
+    if needed and generator is None:
+        raise ValueError(f"generator is required when {why} (ddrl never uses the global RNG); "
+                         f"pass generator=torch.Generator(device).manual_seed(seed)")

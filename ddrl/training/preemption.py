@@ -1,0 +1,79 @@
+"""Preemption: on SIGTERM, finish the current step, write a checkpoint and exit cleanly (code 0).
+
+SLURM and Kubernetes announce a kill with SIGTERM and send SIGKILL a grace period later (SLURM's
+KillWait, or `--signal=TERM@SECONDS` ahead of the time limit; Kubernetes'
+terminationGracePeriodSeconds). Python's default for SIGTERM is to die on the spot, losing every
+step since the last checkpoint; under the guard the signal is only recorded, and the loop asks
+after each step:
+
+    with PreemptionGuard() as preemption:
+        while step < steps:
+            train_step(step)
+            if preemption.requested(dist, device):  # every rank, every step: a collective
+                save(); return                      # resume=true continues from here, losing nothing
+
+`requested` all-reduces the flag, so every rank stops after the same step even when the signal
+reached only some of them (or reached them during different steps); the check costs one scalar
+all-reduce per step. A second SIGTERM is recorded like the first, not fatal: a scheduler may send
+one to every process of the job and a launcher forward another, and neither may cut the save short.
+
+Under torchrun the agent receives the signal, forwards SIGTERM to the workers and kills them 30 s
+later: a step plus the save must fit in that. For longer steps, let the scheduler signal the
+workers themselves (SLURM: one task per rank, srun without torchrun).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType, TracebackType
+from typing import Any
+
+import torch
+
+from ddrl.training.distributed import DistInfo
+
+
+class PreemptionGuard:
+    """A context manager that turns the given signals into a request to stop after the step.
+
+    Inside, the signals are recorded instead of killing the process; on exit the handlers that
+    were installed before are restored. Outside the main thread (where Python cannot install
+    signal handlers) the guard installs nothing and is never requested by a signal.
+    """
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
+        self.signals = tuple(signals)
+        self.received: int | None = None  # the first signal recorded, if any
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "PreemptionGuard":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._record)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is None:
+            print(f"{signal.Signals(signum).name} received: finishing this step, then writing a checkpoint and "
+                  f"exiting (resume=true continues from it)", file=sys.stderr, flush=True)
+            self.received = signum
+
+    def requested(self, dist: DistInfo, device: torch.device) -> bool:
+        """Whether any rank received a signal. A collective when several processes run: call it on
+        every rank at the same point of every step."""
+        local = self.received is not None
+        if not dist.enabled:
+            return local
+        import torch.distributed as tdist
+
+        flag = torch.tensor([float(local)], device=device)
+        tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
+        return bool(flag.item())
