@@ -1,8 +1,21 @@
-"""Peak memory and time of one RL step: full fine-tuning vs LoRA, each without / with gradient checkpointing.
+"""Peak memory and time of one RL step (full fine-tuning vs LoRA, each without / with gradient
+checkpointing), and of the likelihood estimators at a realistic vocabulary (chunked LM head vs logits).
 
     python bench/bench_memory.py                    # CPU: a 6-layer d=256 model on 9x9 Sudoku (163 tokens)
     python bench/bench_memory.py --device cuda --d-model 1024 --layers 16
     python bench/bench_memory.py --tiny --only lora+gc   # seconds; what the test runs
+    python bench/bench_memory.py --estimator        # V = 32,000 and 126,464: old (logits) vs new (chunked head)
+
+**--estimator.** One estimator call plus its backward on a built-in model with the vocabulary of a
+real LLM (32,000: LLaMA/Mistral; 126,464: LLaDA-8B), a prompt of --prompt-len and a completion of
+--completion-len tokens, once through the unfused logits path (DiffusionLM.fused_logprobs = False:
+the head over every completion position, a float32 log-softmax kept for backward, as before) and
+once through the chunked head (ddrl.ops.logprobs). Memory is the peak of the tensors the call
+and its backward allocate (parameter gradients included): on the CPU by tensor accounting
+(LiveBytes), on a GPU by torch.cuda.max_memory_allocated; divided by the rows the estimator sends
+through the model (copies x sequences). The trunk is small on purpose (its activations per row do
+not depend on V), so the numbers isolate the vocabulary term that the issue measured at ~130 MB
+per row at LLaDA-8B's vocabulary. Time is one call + backward without the accounting.
 
 Each configuration runs in its own process (peak RSS only grows), through the real trainer
 (ddrl.training.trainer.Trainer.train_step, diffu-GRPO with its k3 KL, so full fine-tuning holds a
@@ -29,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 
 import torch
 from pathlib import Path
@@ -108,6 +122,139 @@ def worker(args: argparse.Namespace) -> dict:
             "ref_s": metrics.get("time/ref", 0.0)}
 
 
+# --------------------------------------------------------------------------------------------
+# --estimator: peak memory per row of one estimator call + backward, logits path vs chunked head
+# --------------------------------------------------------------------------------------------
+
+ESTIMATOR_PATHS = ("old", "new")  # old: the logits path (fused_logprobs=False); new: the chunked head
+
+
+class LiveBytes:
+    """CPU tensor accounting: the peak bytes of tensor storage alive at once among the storages that
+    ops allocate inside `with LiveBytes():` (forward and backward; parameters made before are not
+    counted). A TorchDispatchMode sees every allocation; a finalizer on each storage sees it freed.
+    Peak RSS would not do: the allocator keeps freed medium-sized blocks, so a chunked computation's
+    pieces look resident long after they are gone."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        owner = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in out if isinstance(out, (tuple, list)) else [out]:
+                    if isinstance(t, torch.Tensor):
+                        owner.track(t.untyped_storage())
+                return out
+
+        self.mode, self.live, self.peak, self.alive = Mode(), 0, 0, set()
+
+    def track(self, storage: torch.UntypedStorage) -> None:
+        key, n = storage.data_ptr(), storage.nbytes()
+        if n == 0 or key in self.alive:
+            return
+        self.alive.add(key)
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self.release, key, n)
+
+    def release(self, key: int, n: int) -> None:
+        self.alive.discard(key)
+        self.live -= n
+
+    def __enter__(self) -> "LiveBytes":
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.mode.__exit__(*exc)
+
+
+def estimator_setup(args: argparse.Namespace, vocab: int, fused: bool) -> tuple:
+    """A built-in model with `vocab` classes (random weights) and a batch of args.rows sequences."""
+    import ddrl.estimators  # noqa: F401  (registers the estimators)
+    from ddrl.models.diffusion_lm import DiffusionLM
+    from ddrl.models.transformer import Denoiser, DenoiserConfig
+    from ddrl.types import RolloutBatch
+
+    device = torch.device(args.device)
+    cfg = DenoiserConfig(vocab_size=vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+                         max_seq_len=args.prompt_len + args.completion_len)
+    model = DiffusionLM(Denoiser(cfg, seed=0), mask_token_id=vocab - 1, suppress_mask_logit=True).to(device).train()
+    model.fused_logprobs = fused
+    g = torch.Generator().manual_seed(0)
+    B, P, L = args.rows, args.prompt_len, args.completion_len
+    on = lambda t: t.to(device)  # noqa: E731
+    batch = RolloutBatch(
+        prompt_ids=on(torch.randint(0, vocab - 1, (B, P), generator=g)),
+        prompt_mask=on(torch.ones(B, P, dtype=torch.bool)),
+        completion_ids=on(torch.randint(0, vocab - 1, (B, L), generator=g)),
+        completion_mask=on(torch.ones(B, L, dtype=torch.bool)), group_ids=on(torch.zeros(B, dtype=torch.long)),
+        rewards=on(torch.zeros(B)), advantages=on(torch.ones(B)), mask_seeds=torch.tensor([1]))
+    return model, batch
+
+
+def estimator_step(model, batch, estimator) -> None:
+    """One estimator call and the backward of everything it returns with a gradient."""
+    out = estimator(model, batch, seed=0)
+    loss = sum(t.float().sum() for t in (out.token_logp, out.seq_logp, *out.extras.values())
+               if isinstance(t, torch.Tensor) and t.requires_grad)
+    loss.backward()
+
+
+def estimator_run(args: argparse.Namespace, name: str, vocab: int, path: str) -> dict:
+    """One (estimator, vocabulary, path): a timed call + backward, then one under memory accounting."""
+    from ddrl.registry import ESTIMATORS
+
+    model, batch = estimator_setup(args, vocab, fused=path == "new")
+    rows: list[int] = []
+    model.register_forward_pre_hook(lambda _m, inputs: rows.append(inputs[0].shape[0]))
+    estimator = ESTIMATORS.get(name)()
+    cuda = batch.completion_ids.is_cuda
+    if cuda:
+        estimator_step(model, batch, estimator)  # warm-up (kernels, allocator)
+        torch.cuda.synchronize()
+    rows.clear()
+    start = time.perf_counter()
+    estimator_step(model, batch, estimator)
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    n_rows = sum(rows)  # forward rows of one call (copies x sequences)
+    model.zero_grad(set_to_none=True)  # parameter gradients are part of the call's memory
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        estimator_step(model, batch, estimator)
+        peak = torch.cuda.max_memory_allocated() - before
+    else:
+        with LiveBytes() as live:
+            estimator_step(model, batch, estimator)
+        peak = live.peak
+    return {"estimator": name, "vocab": vocab, "path": path, "rows": n_rows, "peak_MB": peak / 2**20,
+            "MB_per_row": peak / 2**20 / max(1, n_rows), "seconds": seconds}
+
+
+def estimator_main(args: argparse.Namespace) -> list[dict]:
+    rows = [estimator_run(args, name, vocab, path)
+            for name in args.estimators for vocab in args.vocab for path in ESTIMATOR_PATHS]
+    print(f"One estimator call + backward, built-in model d_model={args.d_model}, {args.layers} layers, "
+          f"{args.rows} sequences of {args.prompt_len} + {args.completion_len} tokens, {args.device}; "
+          f"old = logits path, new = chunked LM head; peak memory allocated by the call")
+    print("| estimator | V | rows | old MB/row | new MB/row | lower by | old s | new s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for old, new in zip(rows[::2], rows[1::2]):
+        ratio = old["MB_per_row"] / max(new["MB_per_row"], 1e-9)
+        print(f"| {old['estimator']} | {old['vocab']:,} | {old['rows']} | {old['MB_per_row']:.1f} | "
+              f"{new['MB_per_row']:.1f} | {ratio:.1f}x | {old['seconds']:.2f} | {new['seconds']:.2f} |")
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+    return rows
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -128,12 +275,23 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (1 is steadier on a shared machine; default: torch's choice)")
+    e = p.add_argument_group("--estimator: estimator memory at a realistic vocabulary")
+    e.add_argument("--estimator", action="store_true", help="measure the estimators instead of an RL step")
+    e.add_argument("--estimators", nargs="+", default=["mean_field", "spg"],
+                   help="registered estimators (default: d1's, and SPG/StableDRL's with 2 masked copies)")
+    e.add_argument("--vocab", nargs="+", type=int, default=[32_000, 126_464], help="vocabulary sizes")
+    e.add_argument("--rows", type=int, default=8, help="sequences in the batch (spg sends 2 masked copies of each)")
+    e.add_argument("--prompt-len", type=int, default=64)
+    e.add_argument("--completion-len", type=int, default=256)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.estimator and args.d_model == p.get_default("d_model") and args.layers == p.get_default("layers"):
+        args.d_model, args.layers = 64, 2  # a small trunk: the vocabulary term is what is measured
     if args.tiny:
         args.task, args.d_model, args.layers, args.heads, args.prompts, args.group_size = "mini_sudoku", 32, 1, 2, 1, 2
         args.sampler_steps = 2
+        args.vocab, args.rows, args.prompt_len, args.completion_len = [2_000], 2, 8, 32
     args.gen_length = 16 if args.task == "mini_sudoku" else 81
     args.max_seq_len = 48 if args.task == "mini_sudoku" else 192
     return args
@@ -141,6 +299,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse(argv)
+    if args.estimator:
+        return estimator_main(args)
     if args.worker:
         print(json.dumps(worker(args)))
         return []

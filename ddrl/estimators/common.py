@@ -10,16 +10,23 @@ and current log-probs with the same split (the trainer does).
 
 Batching. Estimators that need several noised copies of the batch stack them along the batch axis
 ([C, B, L] -> [C*B, L]) and run ONE forward call (`rows_per_call` splits it when memory is short;
-the number of passes an estimator reports counts copies, not calls).
+the number of passes an estimator reports counts copies, not calls). The calls' results are
+concatenated, so their activations are all held until the caller's backward: rows_per_call bounds
+a call's peak, not the step's; a caller that must bound the step runs backward per micro-batch.
+
+Log-probs. `forward_logprobs` asks the model for log p(target) at the completion positions
+(ddrl.logits.kept_logprobs): a DiffusionLM computes them from the final hidden states with the LM
+head and the cross-entropy chunk by chunk (ddrl.ops.logprobs), so no [rows, L, V] logits exist,
+in forward or backward; `scored` restricts the head work to the positions a caller reads.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ddrl.logits import kept_logits
+from ddrl.logits import kept_logprobs
+from ddrl.ops.logprobs import token_logprobs  # noqa: F401  (re-exported: the logits path's scoring)
 from ddrl.types import RolloutBatch
 
 
@@ -33,26 +40,16 @@ def uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.de
     return torch.rand(shape, generator=generator).to(device)
 
 
-def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
-    """log softmax(logits)[target] per position: [N, L, V], [N, L] -> [N, L] float32.
-
-    Cross-entropy in float32 at least: bf16 log-softmax over a 126k vocabulary is too coarse for
-    ratios; float64 logits stay float64 (the golden loss tests run in float64).
-    """
-    N, L, V = logits.shape
-    wide = logits if logits.dtype == torch.float64 else logits.float()
-    ce = F.cross_entropy(wide.reshape(N * L, V), targets.reshape(N * L), reduction="none")
-    return -ce.view(N, L)
-
-
 def forward_logprobs(model, prompt_in: Tensor, prompt_mask: Tensor, completion_in: Tensor, targets: Tensor, *,
-                     class_range: tuple[int, int] | None = None, rows_per_call: int | None = None) -> Tensor:
+                     class_range: tuple[int, int] | None = None, rows_per_call: int | None = None,
+                     scored: Tensor | None = None) -> Tensor:
     """log p_theta(targets^i | prompt_in, completion_in) at every completion position: [N, L].
 
     prompt_in [N, P] (possibly noised), prompt_mask [N, P] bool (True on real prompt tokens),
     completion_in [N, L] (noised completion), targets [N, L] (clean tokens to score).
     class_range=(a, b) restricts the softmax to vocabulary ids [a, b) (uniform diffusion classes);
-    targets are then ids in [a, b).
+    targets are then ids in [a, b). scored [N, L] bool: only these positions are computed (the
+    others are 0 and cost no LM-head work); None = all.
     """
     N = prompt_in.shape[0]
     L = completion_in.shape[1]
@@ -62,12 +59,8 @@ def forward_logprobs(model, prompt_in: Tensor, prompt_mask: Tensor, completion_i
     out = []
     for start in range(0, N, step):
         rows = slice(start, start + step)
-        logits = kept_logits(model, ids[rows], attention[rows], logits_to_keep=L)  # [n, L, V], the completion's
-        tgt = targets[rows]
-        if class_range is not None:
-            logits = logits[..., class_range[0]:class_range[1]]
-            tgt = tgt - class_range[0]
-        out.append(token_logprobs(logits, tgt))
+        out.append(kept_logprobs(model, ids[rows], attention[rows], logits_to_keep=L, targets=targets[rows],
+                                 mask=None if scored is None else scored[rows], class_range=class_range))  # [n, L]
     return torch.cat(out, dim=0)
 
 

@@ -114,10 +114,8 @@ def masked_position_log_probs(model: Any, batch: RolloutBatch, positions: Tensor
         later = ((order >= own) | (order < 0)) & (own >= 0)
         ids[:, prompt_len:] = torch.where(later, model.mask_token_id, ids[:, prompt_len:])
     ids[rows, target] = model.mask_token_id
-    # Only the probed positions go through the LM head: their union (each row reads one of them).
-    probed = target.unique()  # [U] sorted, U <= min(B*K, L)
-    logits = kept_logits(model, ids, attn, logits_to_keep=probed)  # [B*K, U, V]
-    logits = logits[rows, torch.searchsorted(probed, target)]  # [B*K, V]; DiffusionLM realigns Dream's shift
+    # Only what is read goes through the LM head: each row's own probed position.
+    logits = kept_logits(model, ids, attn, logits_to_keep=target[:, None])[:, 0]  # [B*K, V]; Dream realigned
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> float32; float64 stays
     if model.mask_token_id < logits.shape[-1]:
         logits[:, model.mask_token_id] = float("-inf")

@@ -12,8 +12,9 @@ the released SPG/StableDRL code (docs/methods.md):
 computed by the same function (`ddrl.estimators.spg.sandwich_bounds`). Per draw n, every completion
 block b is noised at once: k_b ~ U{max(1, floor(min_t*len_b)) .. min(floor(max_t*len_b), len_b)} of
 its len_b real tokens are masked, uniformly at random, and p(x^i | x^(n)) is read with block b noisy
-and the blocks before it clean (`ddrl.processes.block.staircase_logits`, one forward pass of
-length 2T). t_i^(n) = k_b / len_b is the masking rate of token i's block.
+and the blocks before it clean (the staircase input of `ddrl.processes.block.staircase_inputs`, one
+forward pass of length 2T whose noisy completion alone is scored, through the chunked LM head of
+ddrl.logits.kept_logprobs). t_i^(n) = k_b / len_b is the masking rate of token i's block.
 
 Why not the block ELBO in nats (sum_b sum_i (1/t_b) log p, t_b >= 1e-3, still available as
 `ddrl.processes.block.staircase_elbo`): StableDRL's importance weight exp(ELBO_θ - ELBO_old) is
@@ -35,8 +36,9 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ddrl.estimators.common import generator_from_seed, random_subset_mask, token_logprobs, uniform
+from ddrl.estimators.common import generator_from_seed, random_subset_mask, uniform
 from ddrl.estimators.spg import sandwich_bounds
+from ddrl.logits import kept_logprobs
 from ddrl.registry import ESTIMATORS
 from ddrl.types import EstimatorOutput, RolloutBatch
 
@@ -98,17 +100,22 @@ class Staircase:
 
     def score(self, model, batch: RolloutBatch, masks: Tensor, rate: Tensor, block_size: int) -> EstimatorOutput:
         """ELBO, EUBO and per-token log-probs for given masks [C, B, L] and masking rates [C, B, L]."""
-        from ddrl.processes.block import staircase_logits
-
-        mask_id = model.mask_token_id
         real = batch.completion_mask.bool()
-        lp = torch.stack([
-            token_logprobs(staircase_logits(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                            torch.where(m, mask_id, batch.completion_ids), block_size),
-                           batch.completion_ids)
-            for m in masks
-        ])  # [C, B, L]
+        lp = torch.stack([self.staircase_logprobs(model, batch, m, block_size) for m in masks])  # [C, B, L]
         return sandwich_bounds(lp, masks & real[None], rate, self.beta_eubo)
+
+    @staticmethod
+    def staircase_logprobs(model, batch: RolloutBatch, masked: Tensor, block_size: int) -> Tensor:
+        """log p(x^i | block of i noised by `masked` [B, L], clean blocks before it) [B, L]: one pass
+        over the staircase input [B, 2T], the LM head on the noisy completion (its last L positions) only."""
+        from ddrl.processes.block import staircase_inputs
+
+        L = batch.completion_ids.shape[1]
+        noisy = torch.where(masked, model.mask_token_id, batch.completion_ids)
+        input_ids, position_ids, attn_mask = staircase_inputs(batch.prompt_ids, batch.prompt_mask,
+                                                              batch.completion_ids, noisy, block_size)
+        return kept_logprobs(model, input_ids, attn_mask, position_ids=position_ids, logits_to_keep=L,
+                             targets=batch.completion_ids)
 
     def __call__(self, model, batch: RolloutBatch, seed: int) -> EstimatorOutput:
         block_size = self.resolve_block_size(model)

@@ -15,7 +15,9 @@ token was committed):
 No randomness: the seed is unused. Positions without trajectory information (commit_step -1,
 e.g. EOS fill written by an early exit) are masked in every state and never scored; scored
 positions are also restricted to the completion mask. All (state, row) pairs with at least one
-target go through the model as one batch. seq_logp sums the token log-probs (the log-probability
+target go through the model as one batch (`rows_per_call` splits it), and only each state's
+targets go through the LM head: B*L head positions in all, not states*B*L (a state scores the few
+tokens committed in it; ddrl.ops.logprobs). seq_logp sums the token log-probs (the log-probability
 of the decoding path); extras["trace_step"] [B, L] gives each token's merged step (-1 if unscored)
 for objectives that normalise per state (TraceRL: each (sample, state) is one training row).
 
@@ -23,6 +25,11 @@ Row selection. dLLM-RL cuts the list of (sample, state) rows, sample-major, into
 may split a sample's states. `row_chunks` gives those chunks; a micro-batch built from one holds
 the samples it touches and batch.extras["trace_states"] [B, S] bool, the states to compute (others
 are neither run nor scored). `count_rows` counts a step's rows, the normaliser of row_token_mean.
+
+Memory. One call holds the activations of all its state rows until backward (the rows_per_call
+results are concatenated), so a step's memory is bounded by the trainer running the estimator and
+backward once per row chunk: the loss is additive over rows once row_token_mean's global count R
+is fixed, so that gradient is exact.
 """
 
 from __future__ import annotations
@@ -124,7 +131,8 @@ class Trace:
         if rows.numel() > 0:
             completion_in = torch.where(masks, model.mask_token_id, batch.completion_ids[rows])
             lp = forward_logprobs(model, batch.prompt_ids[rows], batch.prompt_mask[rows], completion_in,
-                                  batch.completion_ids[rows], rows_per_call=self.rows_per_call)  # [N, L]
+                                  batch.completion_ids[rows], rows_per_call=self.rows_per_call,
+                                  scored=targets)  # [N, L], 0 off each state's targets
             # each scored token is the target of exactly one state: scatter its log-prob back to its row
             token_logp = token_logp.to(lp.dtype).index_put((rows,), torch.where(targets, lp, 0.0), accumulate=True)
         mask = order >= 0

@@ -20,7 +20,7 @@ import torch
 
 from ddrl.models.diffusion_lm import DiffusionLM, DiffusionLMOutput, check_requested_block_size, make_process_spec
 from ddrl.models.io import (CONFIG_FILE, HF_WEIGHT_FILES, ModelDirectoryError, atomic_directory, check_model_dir,
-                            read_json)
+                            consolidated_model_dir, is_sharded_checkpoint, read_json)
 from ddrl.models.tokenizer import SymbolTokenizer
 from ddrl.models.transformer import MODEL_TYPE, Denoiser, DenoiserConfig, DenoiserOutput, swiglu_hidden
 
@@ -52,7 +52,16 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
     block_size:        the block size asked for (ModelConfig.block_size); None = the checkpoint's own,
                        anything else must equal it.
     require_tokenizer: fail, before reading weights, when the directory has no tokenizer.
+
+    A sharded training checkpoint (train.sharded_checkpoints) is read in this process alone: its
+    shards are consolidated into a temporary model directory (ddrl.models.io.consolidate_checkpoint).
+    Under `with torch.device("meta")` the built-in and native families read no weight data.
     """
+    if is_sharded_checkpoint(path):  # a sharded training checkpoint: its shards, consolidated in a temp dir
+        with consolidated_model_dir(path) as directory:
+            return load_model(directory, device=device, dtype=dtype, mask_token_id=mask_token_id,
+                              trust_remote_code=trust_remote_code, block_size=block_size,
+                              require_tokenizer=require_tokenizer)
     directory = check_model_dir(path, weights=HF_WEIGHT_FILES)
     torch_dtype = resolve_dtype(dtype)
     if read_json(directory / CONFIG_FILE).get("model_type") == MODEL_TYPE:

@@ -1,9 +1,10 @@
 """The parts of a backbone that ddrl looks up by structure: its transformer blocks and its LM head.
 
 Blocks are the FSDP2 units and the activation-checkpointing units; the LM head is what LoRA
-must not adapt unless asked for by path (ddrl.models.lora). Both work on any backbone: the
-built-in Denoiser, ddrl's native families (`layers`, `lm_head` by the contract in
-ddrl.models.native.base), Hugging Face models (get_output_embeddings), and peft wrappers of them.
+must not adapt unless asked for by path (ddrl.models.lora), and what fused log-prob kernels read
+as one affine map (`head_linear`). They work on any backbone: the built-in Denoiser, ddrl's native
+families (`layers`, `lm_head` by the contract in ddrl.models.native.base), Hugging Face models
+(get_output_embeddings), and peft wrappers of them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from ddrl.ops.logprobs import HeadLinear
 
 
 def base_model(backbone: nn.Module) -> nn.Module:
@@ -89,6 +92,21 @@ def output_projection(backbone: nn.Module) -> tuple[str, nn.Module] | None:
     for name, module in inner.named_modules():
         if module is head:
             return name, module
+    return None
+
+
+def head_linear(backbone: nn.Module) -> HeadLinear | None:
+    """The LM head as one affine map (weight [V, D], bias, scale) for a fused cross-entropy kernel,
+    or None where it is not one: a LoRA adapter on the head (peft's module is not a plain Linear),
+    or a backbone that does not say. A backbone whose `lm_head` is a method says with its own
+    `head_linear()` (LLaDA: tied weights, scale_logits)."""
+    base = base_model(backbone)
+    own = getattr(base, "head_linear", None)
+    if callable(own):
+        return own()
+    head = getattr(base, "lm_head", None)
+    if type(head) is nn.Linear:
+        return HeadLinear(head.weight, head.bias)
     return None
 
 

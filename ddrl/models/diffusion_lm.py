@@ -9,16 +9,27 @@ Dream-style models are trained autoregressively first and keep the AR alignment:
 predicts token i + 1. `logits_shifted=True` undoes that here, once, so no caller ever thinks
 about it. Position 0 has no prediction of its own after the shift and repeats position 0's
 logits (it is always a prompt token). With a KV cache the first new position has the same issue:
-a caller that needs its prediction must include the token before it in the new chunk.
+a caller that needs its prediction must include the token before it in the new chunk. The shift
+is made on the positions the backbone's head reads (raw max(i - 1, 0) for aligned i), not by
+copying [B, T, V] logits, whenever the backbone takes an index tensor.
 
 **Only the positions a caller scores go through the LM head.** `logits_to_keep` (None/0 = all,
-an int K = the last K, a 1-D index tensor = those positions) returns [B, K, V]. At LLaDA-8B's
+an int K = the last K, a 1-D index tensor = those positions, a 2-D [B, K] one = each row's own)
+returns [B, K, V]. At LLaDA-8B's
 vocabulary (126,464) the head over [prompt, completion] is most of a scoring pass's memory, and
 the estimators read only the completion. The request reaches the backbone when its forward takes
 one (native families and the built-in Denoiser take index tensors; transformers models an int,
 so they compute a suffix that covers the positions); otherwise every position is computed and
 sliced. A shifted (Dream) model asks its backbone for raw positions max(i - 1, 0).
 `kept_logits(model, ...)` is the caller's side: it slices for models that take no request.
+
+**Log-probs without logits.** `targets=TargetRequest(ids, mask, class_range)` returns
+`target_logprobs` [B, K] = log p(ids) at the kept positions instead of logits. Where the backbone
+can skip its head (`compute_logits=False`: the native families and the built-in Denoiser) the
+final hidden states at the kept (and, with `mask`, scored) positions go through the head and the
+cross-entropy chunk by chunk (ddrl.ops.logprobs): no [B, K, V] tensor, in forward or backward.
+Other backbones, or `fused_logprobs = False` (the old path, for comparison), score the kept
+logits. `kept_logprobs(model, ...)` (ddrl.logits) is the caller's side.
 
 **One source for the block size.** `DiffusionLM.block_size` is read from the backbone's own
 config (the built-in DenoiserConfig, a checkpoint's config.json through ddrl.models.families);
@@ -40,17 +51,12 @@ import torch
 from torch import Tensor, nn
 
 from ddrl.data import as_stop_ids
-from ddrl.logits import LogitsToKeep, kept_index, keeps_some, names_parameter
-from ddrl.models.backbone import base_model
+from ddrl.logits import LogitsToKeep, kept_index, keeps_some, names_parameter, take_positions
+from ddrl.models.backbone import base_model, head_linear
 from ddrl.models.io import CONFIG_FILE, atomic_directory, check_model_dir, read_json, write_json
 from ddrl.models.tokenizer import TOKENIZER_FILE, SymbolTokenizer
 from ddrl.models.transformer import Denoiser
-
-
-# Logit given to the mask token when it is suppressed. Finite on purpose: -inf makes p * log p
-# (entropies, full-vocabulary KLs) NaN. exp(-1e4) is exactly 0 in float32/bfloat16, and dividing
-# by a sampling temperature as small as 1e-30 still stays finite in float32.
-SUPPRESSED_LOGIT = -1e4
+from ddrl.ops.logprobs import SUPPRESSED_LOGIT, TargetRequest, target_logprobs
 
 # The keys of config.json's "ddrl" section that are constructor arguments restored on load. The
 # section also records block_size, which is not one of them: it is the backbone config's.
@@ -93,8 +99,9 @@ def check_requested_block_size(requested: int | None, actual: int | None, where:
 
 @dataclass
 class DiffusionLMOutput:
-    logits: Tensor  # [B, T, V], position i predicts the clean token at position i
+    logits: Tensor | None  # [B, T, V], position i predicts the clean token at position i; None with targets
     past_key_values: Any = None  # the backbone's cache when it returned one
+    target_logprobs: Tensor | None = None  # [B, K] log p(targets) at the kept positions, when asked (targets=...)
 
 
 class DiffusionLM(nn.Module):
@@ -115,7 +122,20 @@ class DiffusionLM(nn.Module):
     suppress_mask_logit: give the mask token a logit of -1e4, so the denoiser never predicts it
                          (MDLM's SUBS parameterisation). On for built-in models of an absorbing
                          process; off for Hugging Face models, whose reference samplers use raw logits.
+
+    Settings of the log-prob path (plain attributes, read on every call with targets=...):
+    fused_logprobs:      True: the LM head and cross-entropy run chunked from the hidden states where
+                         the backbone allows it; False: score the kept logits (the unfused path).
+    logprob_chunk:       positions per chunk; None = as many as 2**24 logits hold (ddrl.ops.logprobs).
+    logprob_backend:     "auto" (Liger's fused kernel on CUDA when installed, else torch), "torch", "liger".
+    logits_range:        (first, end) or None: ids outside it get the suppressed logit (set by
+                         ddrl.models.hf for Dream's padded vocabulary and MMaDA's image codes).
     """
+
+    fused_logprobs: bool = True
+    logprob_chunk: int | None = None
+    logprob_backend: str = "auto"
+    logits_range: tuple[int, int] | None = None
 
     def __init__(self, model: nn.Module, tokenizer: Any = None, *, mask_token_id: int | None = None,
                  pad_token_id: int | None = None, eos_token_id: int | None = None, bos_token_id: int | None = None,
@@ -244,27 +264,79 @@ class DiffusionLM(nn.Module):
         return None
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, logits_to_keep: LogitsToKeep = None,
-                **kwargs: Any) -> DiffusionLMOutput:
+                targets: TargetRequest | None = None, **kwargs: Any) -> DiffusionLMOutput:
         """input_ids [B, T] -> logits [B, T, V] aligned with the input positions ([B, K, V] for the
         K positions of logits_to_keep, computed through the LM head only there when the backbone can).
 
-        kwargs (position_ids, past_key_values, use_cache, ...) go to the backbone unchanged.
+        targets: TargetRequest(ids [B, K], mask [B, K] or None, class_range): return
+        target_logprobs [B, K] (log p(ids) at the kept positions; 0 where mask is False) and no
+        logits (module docstring). kwargs (position_ids, past_key_values, use_cache, ...) go to the
+        backbone unchanged.
         """
         run = functools.partial(self.model, input_ids, attention_mask=attention_mask, **kwargs)
-        out, logits = self._kept_forward(run, input_ids, logits_to_keep, logits_to_keep_kind(self.model))
+        kind = logits_to_keep_kind(self.model)
+        if targets is not None:
+            out, lp = self._scored_forward(run, input_ids, logits_to_keep, kind, targets)
+            return DiffusionLMOutput(logits=None, past_key_values=getattr(out, "past_key_values", None),
+                                     target_logprobs=lp)
+        out, logits = self._kept_forward(run, input_ids, logits_to_keep, kind)
         return DiffusionLMOutput(logits=logits, past_key_values=getattr(out, "past_key_values", None))
 
     def _kept_forward(self, run: Callable[..., Any], input_ids: Tensor, logits_to_keep: LogitsToKeep,
                       kind: str | None) -> tuple[Any, Tensor]:
         """run(**kw) calls the backbone on input_ids [B, T] -> (its output, aligned logits at the kept
         positions [B, K, V]). kind: what the backbone takes as logits_to_keep ("tensor", "int" or None)."""
-        if not keeps_some(logits_to_keep):
-            out = run()
-            return out, self.align_logits(out.logits)
         T = input_ids.shape[1]
-        request = backbone_positions(logits_to_keep, T, shifted=self.logits_shifted, device=input_ids.device)
+        if not keeps_some(logits_to_keep):
+            if not (self.logits_shifted and kind == "tensor" and T > 0):
+                out = run()
+                return out, self.align_logits(out.logits)
+            logits_to_keep = T  # realign by asking for the raw positions, not by copying [B, T, V]
+        request = backbone_positions(logits_to_keep, T, shifted=self.logits_shifted, device=input_ids.device,
+                                     rows=input_ids.shape[0])
         out, raw = requested_logits(run, kind, T, request)
         return out, self.suppress_logits(raw)  # already aligned: the shift is in the positions asked for
+
+    def _scored_forward(self, run: Callable[..., Any], input_ids: Tensor, logits_to_keep: LogitsToKeep,
+                        kind: str | None, targets: TargetRequest) -> tuple[Any, Tensor]:
+        """-> (the backbone's output, log p(targets.ids) at the kept positions [B, K]).
+
+        The fused path asks the backbone for its final hidden states only (compute_logits=False),
+        takes those at the kept positions (the raw ones for a shifted model), and scores them with
+        the head chunk by chunk; with targets.mask only the scored positions reach the head."""
+        T = input_ids.shape[1]
+        keep = logits_to_keep if keeps_some(logits_to_keep) else T
+        if not self._fuses_head(kind):
+            out, logits = self._kept_forward(run, input_ids, keep, kind)
+            return out, targets.score(logits)
+        out = run(compute_logits=False)
+        request = backbone_positions(keep, T, shifted=self.logits_shifted, device=input_ids.device,
+                                     rows=input_ids.shape[0])
+        hidden = out.hidden_states  # [B, T, D] after the final norm
+        hidden = hidden[:, T - request:] if isinstance(request, int) else take_positions(hidden, request)  # [B, K, D]
+        if tuple(targets.ids.shape) != tuple(hidden.shape[:2]):
+            raise ValueError(f"targets.ids has shape {list(targets.ids.shape)}; it must be [B, K] = "
+                             f"{list(hidden.shape[:2])}, one id per kept position")
+        if targets.mask is None:
+            return out, self._head_logprobs(hidden, targets.ids, targets.class_range)
+        mask = targets.mask.to(hidden.device).bool()
+        lp = self._head_logprobs(hidden[mask], targets.ids[mask], targets.class_range)  # [M]: scored positions only
+        return out, torch.zeros(mask.shape, dtype=lp.dtype, device=lp.device).masked_scatter(mask, lp)
+
+    def _fuses_head(self, kind: str | None) -> bool:
+        """Whether the backbone can return its hidden states without logits and has a head to apply."""
+        base = base_model(self.model)
+        return (self.fused_logprobs and kind == "tensor" and names_parameter(base, "compute_logits")
+                and callable(getattr(base, "lm_head", None)))
+
+    def _head_logprobs(self, hidden: Tensor, ids: Tensor, class_range: tuple[int, int] | None) -> Tensor:
+        """hidden [..., D] at scored positions, ids [...] -> log p(ids) [...] through the backbone's head."""
+        base = base_model(self.model)
+        linear = None if self.logprob_backend == "torch" else head_linear(self.model)
+        return target_logprobs(hidden, ids, base.lm_head, vocab=self.vocab_size,
+                               suppressed=self.suppressed_vocab(self.vocab_size, hidden.device),
+                               class_range=class_range, chunk=self.logprob_chunk, backend=self.logprob_backend,
+                               linear=linear)
 
     def align_logits(self, logits: Tensor) -> Tensor:
         """The backbone's logits [B, T, V] -> ours: undo the Dream shift, suppress the mask token.
@@ -273,12 +345,24 @@ class DiffusionLM(nn.Module):
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         return self.suppress_logits(logits)
 
+    def suppressed_vocab(self, width: int, device: torch.device | str) -> Tensor | None:
+        """[width] bool: the ids whose logit is SUPPRESSED_LOGIT (the mask token when
+        suppress_mask_logit; every id outside logits_range), or None when there are none."""
+        if not self.suppress_mask_logit and self.logits_range is None:
+            return None
+        out = torch.zeros(width, dtype=torch.bool, device=device)
+        if self.logits_range is not None:
+            lo, hi = self.logits_range
+            out[:lo] = True
+            out[hi:] = True
+        if self.suppress_mask_logit and self.mask_token_id < width:
+            out[self.mask_token_id] = True
+        return out
+
     def suppress_logits(self, logits: Tensor) -> Tensor:
-        """[..., V] -> the same with the mask token's logit suppressed when suppress_mask_logit."""
-        if self.suppress_mask_logit:
-            index = torch.tensor([self.mask_token_id], device=logits.device)
-            logits = logits.index_fill(-1, index, SUPPRESSED_LOGIT)
-        return logits
+        """[..., V] -> the same with the suppressed ids' logits (suppressed_vocab) set to SUPPRESSED_LOGIT."""
+        suppressed = self.suppressed_vocab(logits.shape[-1], logits.device)
+        return logits if suppressed is None else logits.masked_fill(suppressed, SUPPRESSED_LOGIT)
 
     @contextlib.contextmanager
     def disable_adapter(self) -> Iterator["DiffusionLM"]:
@@ -392,10 +476,11 @@ def save_backbone(backbone: nn.Module, directory: Path, state_dict: dict[str, Te
 
 
 def backbone_positions(logits_to_keep: int | Tensor, T: int, *, shifted: bool,
-                       device: torch.device | None = None) -> int | Tensor:
+                       device: torch.device | None = None, rows: int | None = None) -> int | Tensor:
     """The backbone positions whose raw logits are the aligned ones at the kept positions: the same
-    count K, or an index tensor (on `device`); for a shifted model max(i - 1, 0) (module docstring)."""
-    index = kept_index(logits_to_keep, T, device)  # checks the range
+    count K, or an index tensor [K] / [B, K] (on `device`); for a shifted model max(i - 1, 0)
+    (module docstring)."""
+    index = kept_index(logits_to_keep, T, device, rows=rows)  # checks the range (and a per-row one's rows)
     if shifted:
         return (index - 1).clamp(min=0)
     return index if isinstance(logits_to_keep, Tensor) else int(logits_to_keep)
@@ -415,23 +500,27 @@ _NATIVE_PACKAGE = "ddrl.models.native."
 
 
 def requested_logits(run: Callable[..., Any], kind: str | None, T: int, request: int | Tensor) -> tuple[Any, Tensor]:
-    """The backbone's raw logits at `request` (a count K = the last K, or an index tensor) -> (output, [B, K, V]).
+    """The backbone's raw logits at `request` (a count K = the last K, or an index tensor [K] /
+    [B, K]) -> (output, [B, K, V]).
 
-    A backbone that ignores the request (returns all T positions) is sliced; asking for as many
-    positions as there are computes them all, with no request.
+    A "tensor" backbone is asked for exactly the requested positions (also all T of them in another
+    order: a shifted model's realignment) and honours it; a backbone that returns all T positions
+    instead is sliced. An "int" backbone computes the suffix that covers them; asking for a count
+    of at least T computes every position, with no request.
     """
-    count = request if isinstance(request, int) else int(request.numel())
-    if isinstance(request, Tensor) and kind == "int":  # the suffix that covers the positions
-        suffix = T - int(request.min()) if count else 1
-        out = run(logits_to_keep=suffix) if suffix < T else run()
-    elif kind is None or count >= T:
-        out = run()
-    else:
-        out = run(logits_to_keep=request)
-    logits = out.logits  # [B, W, V]: the last W positions, or exactly the requested ones
-    width = logits.shape[1]
     if isinstance(request, int):
-        return out, logits if width == request else logits[:, width - request:]
-    if kind == "tensor" and width == count < T:
-        return out, logits
-    return out, logits[:, request.to(logits.device) - (T - width)]
+        out = run(logits_to_keep=request) if kind is not None and request < T else run()
+        logits = out.logits  # [B, W, V]: the last W positions
+        return out, logits if logits.shape[1] == request else logits[:, logits.shape[1] - request:]
+    count = int(request.shape[-1])
+    if kind == "tensor":
+        out = run(logits_to_keep=request)
+        if out.logits.shape[1] == count:
+            return out, out.logits
+    elif kind == "int":  # the suffix that covers the positions
+        suffix = T - int(request.min()) if request.numel() else 1
+        out = run(logits_to_keep=suffix) if suffix < T else run()
+    else:
+        out = run()
+    logits = out.logits  # [B, W, V]: the last W positions
+    return out, take_positions(logits, request.to(logits.device) - (T - logits.shape[1]))

@@ -61,7 +61,8 @@ from torch import Tensor, nn
 from ddrl.data import as_stop_ids
 from ddrl.models.backbone import base_model, checkpoint_blocks, logits_width, transformer_blocks
 from ddrl.logits import LogitsToKeep
-from ddrl.models.diffusion_lm import (SUPPRESSED_LOGIT, DiffusionLM, DiffusionLMOutput,
+from ddrl.ops.logprobs import TargetRequest
+from ddrl.models.diffusion_lm import (DiffusionLM, DiffusionLMOutput,
                                       load_saved_adapter, logits_to_keep_kind, make_process_spec)
 from ddrl.models.families import (FAMILIES, FamilyFacts, checkpoint_block_size, detect_family, family_facts,
                                   image_token_range, remote_code_files)
@@ -115,9 +116,9 @@ class HFDiffusionLM(DiffusionLM):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: Any = None, use_cache: bool = False, *,
-                logits_to_keep: LogitsToKeep = None) -> DiffusionLMOutput:
+                logits_to_keep: LogitsToKeep = None, targets: TargetRequest | None = None) -> DiffusionLMOutput:
         """input_ids [B, T_new] -> logits [B, T_new, V] aligned with the input (DiffusionLM's contract;
-        [B, K, V] for the K positions of logits_to_keep).
+        [B, K, V] for the K positions of logits_to_keep; with targets, target_logprobs [B, K] and no logits).
 
         attention_mask: None; [B, T_past + T_new] padding mask (1 = real); or a boolean
         [B, (1,) T_new, T_past + T_new] mask used as given. position_ids [B, T_new].
@@ -136,16 +137,12 @@ class HFDiffusionLM(DiffusionLM):
             kwargs.update(past_key_values=past_key_values, use_cache=use_cache)
         run = functools.partial(self._feed.run, self, input_ids, attention_mask, **kwargs)
         kind = logits_to_keep_kind(self.model) if self.attention == "native" else None
-        out, logits = self._kept_forward(run, input_ids, logits_to_keep, kind)  # [B, T_new or K, V]
-        if self.logits_range is not None:
-            lo, hi = self.logits_range
-            outside = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device)
-            outside[lo:hi] = False
-            logits = logits.masked_fill(outside, SUPPRESSED_LOGIT)
-        cache = getattr(out, "past_key_values", None)
-        if cache is None:
-            cache = getattr(out, "cache", None)  # transformers >= 5 names it `cache`
-        return DiffusionLMOutput(logits=logits, past_key_values=cache)
+        if targets is not None:  # log-probs from the hidden states, chunked (DiffusionLM._scored_forward)
+            out, lp = self._scored_forward(run, input_ids, logits_to_keep, kind, targets)
+            return DiffusionLMOutput(logits=None, past_key_values=_backbone_cache(out), target_logprobs=lp)
+        # [B, T_new or K, V]; logits_range is applied there (DiffusionLM.suppress_logits)
+        out, logits = self._kept_forward(run, input_ids, logits_to_keep, kind)
+        return DiffusionLMOutput(logits=logits, past_key_values=_backbone_cache(out))
 
     def image_logits(self, logits: Tensor) -> Tensor:
         """[..., V] -> [..., codebook_size]: the image-codebook slice (MMaDA); index i = codebook entry i."""
@@ -183,6 +180,11 @@ class HFDiffusionLM(DiffusionLM):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, attention={self.attention!r}"
+
+
+def _backbone_cache(out: Any) -> Any:
+    cache = getattr(out, "past_key_values", None)
+    return getattr(out, "cache", None) if cache is None else cache  # transformers >= 5 names it `cache`
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,15 +23,25 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ddrl.processes.block import block_layout_mask
-from ddrl.models.native.base import kept_positions
-from ddrl.models.io import CONFIG_FILE, WEIGHTS_FILE, ModelDirectoryError, check_model_dir, read_json, write_json
+from ddrl.models.native.base import head_output
+from ddrl.models.io import (CONFIG_FILE, WEIGHTS_FILE, ModelDirectoryError, check_model_dir, read_json,
+                            read_safetensors, write_json)
 
 MODEL_TYPE = "ddrl_denoiser"  # config.json "model_type" of a built-in model directory
+
+
+def _skip_init(cls: type, *args: Any, **kwargs: Any) -> nn.Module:
+    """nn.utils.skip_init on the current default device: under `with torch.device("meta")` (a rank
+    that receives its weights by broadcast, ddrl.training.checkpoint.load_model_on_rank0) the module
+    holds no memory; elsewhere the CPU, as before."""
+    return nn.utils.skip_init(cls, *args, device=torch.get_default_device(), **kwargs)
+
+
 NORM_EPS = 1e-5
 
 KVCache = list[tuple[Tensor, Tensor]]  # per layer (k, v), each [B, H, T_past, Dh]
@@ -81,7 +91,7 @@ class DenoiserConfig:
 
 @dataclass
 class DenoiserOutput:
-    logits: Tensor  # [B, T, V] (or [B, K, V] with logits_to_keep)
+    logits: Tensor | None  # [B, T, V] (or [B, K, V] with logits_to_keep); None with compute_logits=False
     past_key_values: KVCache | None = None  # per layer (k, v) [B, H, T_past + T, Dh] when use_cache
     hidden_states: Tensor | None = None  # [B, T, D] after the final norm (what lm_head reads)
 
@@ -99,7 +109,7 @@ class Attention(nn.Module):
         self.head_dim = cfg.d_model // cfg.n_heads
         self.dropout = cfg.dropout
         # skip_init: parameters are filled once, from an explicit generator, by Denoiser.reset_parameters.
-        make = lambda: nn.utils.skip_init(nn.Linear, cfg.d_model, cfg.d_model, bias=False)  # noqa: E731
+        make = lambda: _skip_init(nn.Linear, cfg.d_model, cfg.d_model, bias=False)  # noqa: E731
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = make(), make(), make(), make()
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
@@ -120,9 +130,9 @@ class SwiGLU(nn.Module):
     def __init__(self, cfg: DenoiserConfig):
         super().__init__()
         hidden = cfg.ffn_hidden
-        self.gate_proj = nn.utils.skip_init(nn.Linear, cfg.d_model, hidden, bias=False)
-        self.up_proj = nn.utils.skip_init(nn.Linear, cfg.d_model, hidden, bias=False)
-        self.down_proj = nn.utils.skip_init(nn.Linear, hidden, cfg.d_model, bias=False)
+        self.gate_proj = _skip_init(nn.Linear, cfg.d_model, hidden, bias=False)
+        self.up_proj = _skip_init(nn.Linear, cfg.d_model, hidden, bias=False)
+        self.down_proj = _skip_init(nn.Linear, hidden, cfg.d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -153,10 +163,10 @@ class Denoiser(nn.Module):
     def __init__(self, config: DenoiserConfig, *, seed: int = 0):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.utils.skip_init(nn.Embedding, config.vocab_size, config.d_model)
+        self.embed_tokens = _skip_init(nn.Embedding, config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(DenoiserLayer(config) for _ in range(config.n_layers))
         self.norm = nn.RMSNorm(config.d_model, eps=NORM_EPS)
-        self.lm_head = nn.utils.skip_init(nn.Linear, config.d_model, config.vocab_size, bias=False)
+        self.lm_head = _skip_init(nn.Linear, config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.gradient_checkpointing = False
@@ -192,7 +202,7 @@ class Denoiser(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVCache | None = None, use_cache: bool = False,
-                logits_to_keep: int | Tensor | None = None) -> DenoiserOutput:
+                logits_to_keep: int | Tensor | None = None, compute_logits: bool = True) -> DenoiserOutput:
         """The backbone contract of ddrl.models.native.base.
 
         input_ids:       [B, T] long, the new tokens.
@@ -202,7 +212,8 @@ class Denoiser(nn.Module):
         position_ids:    [B, T]; default from the 2-D mask (cumsum - 1), else T_past + arange(T).
         past_key_values: per layer (k, v) [B, H, T_past, Dh] from an earlier call with use_cache.
         logits_to_keep:  None / 0: logits at every position; an int K: the last K; a 1-D long tensor:
-                         those positions (only they go through lm_head).
+                         those positions; a 2-D [B, K] one: each row's own (only they go through lm_head).
+        compute_logits:  False: skip lm_head (logits None); the caller scores hidden_states itself.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
@@ -224,7 +235,7 @@ class Denoiser(nn.Module):
             if use_cache:
                 cache.append(kv)
         hidden = self.norm(h)  # [B, T, D]
-        logits = self.lm_head(kept_positions(hidden, logits_to_keep))  # [B, T or K, V]
+        logits = head_output(self.lm_head, hidden, logits_to_keep, compute_logits)  # [B, T or K, V]
         return DenoiserOutput(logits=logits, past_key_values=cache if use_cache else None, hidden_states=hidden)
 
     def _check_cache(self, past_key_values: KVCache | None, batch: int) -> int:
@@ -336,7 +347,7 @@ class Denoiser(nn.Module):
                 f"load it with ddrl.load_model"
             )
         model = cls(DenoiserConfig.from_dict(data))
-        state = load_file(str(path / WEIGHTS_FILE))
+        state = read_safetensors(path / WEIGHTS_FILE)  # headers only under torch.device("meta")
         if model.config.tie_embeddings and "embed_tokens.weight" in state:
             state["lm_head.weight"] = state["embed_tokens.weight"]
         expected = set(model.state_dict())

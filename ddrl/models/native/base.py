@@ -12,8 +12,9 @@ names) and runs no code from it.
 the samplers' caches and the estimators treat every backbone alike):
 
     out = backbone(input_ids, attention_mask=None, position_ids=None, past_key_values=None,
-                   use_cache=False, logits_to_keep=None)
-    out.logits           [B, T, V]   (or [B, K, V] for the K positions of logits_to_keep)
+                   use_cache=False, logits_to_keep=None, compute_logits=True)
+    out.logits           [B, T, V]   (or [B, K, V] for the K positions of logits_to_keep; None
+                                      with compute_logits=False: the caller applies lm_head itself)
     out.past_key_values  per layer (k, v) [B, H_kv, T_past + T, Dh], keys already rotated, when use_cache
     out.hidden_states    [B, T, D]   after the final norm (what lm_head reads)
 
@@ -23,8 +24,12 @@ the samplers' caches and the estimators treat every backbone alike):
     left-padded row gets the logits of the unpadded one (padding invariance). With a cache and no
     mask: T_past + arange(T).
   * A block-causal family (SDAR) given only a 2-D mask builds ddrl.processes.block's layout itself.
+  * logits_to_keep: None / 0 every position, an int K the last K, a 1-D long tensor those positions,
+    a 2-D [B, K] one each row's own positions (`kept_positions`).
   * `layers` is the nn.ModuleList of transformer blocks (FSDP2 units, activation checkpointing),
-    `lm_head(hidden)` the output projection applied separately by callers that score few positions.
+    `lm_head(hidden)` the output projection applied separately by callers that score few positions
+    (ddrl.ops.logprobs chunks it); a family whose `lm_head` is a method also has `head_linear()`,
+    the head as one affine map (ddrl.models.backbone.head_linear).
 
 A family module registers its class with `@NATIVE_FAMILIES.register("llada")`; the class has
 `from_pretrained(directory, *, device=None, dtype=None)` and `save_pretrained(directory,
@@ -44,7 +49,8 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ddrl.models.io import ModelDirectoryError
+from ddrl.logits import take_positions
+from ddrl.models.io import ModelDirectoryError, read_safetensors
 from ddrl.registry import Registry
 
 NATIVE_FAMILIES = Registry("native model family")
@@ -58,7 +64,7 @@ _SHARD_BYTES = 5 * 1024**3  # the hub's usual shard size
 
 @dataclass
 class BackboneOutput:
-    logits: Tensor  # [B, T, V] (or [B, K, V] with logits_to_keep)
+    logits: Tensor | None  # [B, T, V] (or [B, K, V] with logits_to_keep); None with compute_logits=False
     past_key_values: KVCache | None = None  # per layer (k, v) [B, H_kv, T_past + T, Dh] when use_cache
     hidden_states: Tensor | None = None  # [B, T, D] after the final norm
 
@@ -95,12 +101,11 @@ def weight_names(directory: Path) -> set[str]:
 
 
 def read_weights(directory: Path) -> dict[str, Tensor]:
-    """Every tensor of the checkpoint, keyed by the authors' weight names."""
+    """Every tensor of the checkpoint, keyed by the authors' weight names (meta tensors of the
+    stored shapes under `with torch.device("meta")`: no tensor data is read)."""
     state: dict[str, Tensor] = {}
     for file in weight_files(directory):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                state[name] = f.get_tensor(name)
+        state.update(read_safetensors(file))  # headers only under torch.device("meta")
     return state
 
 
@@ -287,9 +292,17 @@ def run_layers(layers: Sequence[nn.Module], h: Tensor, *args: Any, past_key_valu
 
 def kept_positions(hidden: Tensor, logits_to_keep: int | Tensor | None) -> Tensor:
     """The positions whose logits a call computes: hidden [B, T, D] -> [B, K, D].
-    None or 0 = every position; an int K = the last K; a 1-D long tensor = those positions."""
+    None or 0 = every position; an int K = the last K; a 1-D long tensor = those positions; a 2-D
+    [B, K] long tensor = row b's own positions."""
     if isinstance(logits_to_keep, Tensor):
-        return hidden[:, logits_to_keep.to(hidden.device)]
+        return take_positions(hidden, logits_to_keep)
     if logits_to_keep:
         return hidden[:, -int(logits_to_keep):]
     return hidden
+
+
+def head_output(lm_head: Any, hidden: Tensor, logits_to_keep: int | Tensor | None,
+                compute_logits: bool) -> Tensor | None:
+    """The forward's logits: lm_head at the kept positions, or None when the caller applies the
+    head itself (compute_logits=False: ddrl.ops.logprobs scores the hidden states chunk by chunk)."""
+    return lm_head(kept_positions(hidden, logits_to_keep)) if compute_logits else None

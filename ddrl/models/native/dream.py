@@ -48,7 +48,7 @@ from ddrl.models.native.base import (
     check_past,
     check_weight_names,
     finish_mask,
-    kept_positions,
+    head_output,
     read_config,
     read_weights,
     weight_names,
@@ -216,13 +216,15 @@ class DreamBackbone(QwenStyleBackbone):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVCache | None = None, use_cache: bool = False,
-                logits_to_keep: int | Tensor | None = None) -> BackboneOutput:
+                logits_to_keep: int | Tensor | None = None, compute_logits: bool = True) -> BackboneOutput:
         """
         input_ids        [B, T] long, the new tokens.
         attention_mask   None | [B, T_past + T] padding mask (1 = real) | boolean [B, (1,) T, T_past + T].
         position_ids     [B, T]; default: counted over real tokens of the 2-D mask (base.attention_inputs).
         past_key_values  per layer (k, v) [B, H_kv, T_past, Dh], keys rotated, from a call with use_cache.
-        logits_to_keep   None / 0: every position; int K: the last K; 1-D long tensor: those positions.
+        logits_to_keep   None / 0: every position; int K: the last K; 1-D long tensor: those positions;
+                         2-D [B, K]: each row's own positions.
+        compute_logits   False: skip lm_head (logits None), hidden_states only.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
@@ -244,8 +246,8 @@ class DreamBackbone(QwenStyleBackbone):
         h, cache = run_layers(self.layers, h, cos, sin, mask, past_key_values=past_key_values, use_cache=use_cache,
                               checkpointing=self.checkpointing_now)
         hidden = self.model.norm(h)  # [B, T, D]
-        return BackboneOutput(logits=self.lm_head(kept_positions(hidden, logits_to_keep)), past_key_values=cache,
-                              hidden_states=hidden)
+        return BackboneOutput(logits=head_output(self.lm_head, hidden, logits_to_keep, compute_logits),
+                              past_key_values=cache, hidden_states=hidden)
 
     # ------------------------------------------------------------------ persistence (the hub layout)
 

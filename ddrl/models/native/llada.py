@@ -63,6 +63,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ddrl.models.io import ModelDirectoryError
+from ddrl.ops.logprobs import HeadLinear
 from ddrl.models.native.base import (
     LayerCheckpointing,
     BackboneOutput,
@@ -72,7 +73,7 @@ from ddrl.models.native.base import (
     check_past,
     check_weight_names,
     finish_mask,
-    kept_positions,
+    head_output,
     read_config,
     read_weights,
     weight_names,
@@ -378,12 +379,23 @@ class LLaDABackbone(LayerCheckpointing, nn.Module):
         logits = F.linear(hidden, t["wte"].weight) if self.config.weight_tying else t["ff_out"](hidden)
         return logits * (1 / math.sqrt(self.config.d_model)) if self.config.scale_logits else logits
 
+    def head_linear(self) -> HeadLinear | None:
+        """lm_head as one affine map for fused kernels: the tied wte or ff_out weight, LLaDA's
+        scale_logits; None when ff_out is not a plain Linear (a LoRA adapter on it)."""
+        t = self.model.transformer
+        scale = 1 / math.sqrt(self.config.d_model) if self.config.scale_logits else None
+        if self.config.weight_tying:
+            return HeadLinear(t["wte"].weight, None, scale)
+        head = t["ff_out"]
+        return HeadLinear(head.weight, head.bias, scale) if type(head) is nn.Linear else None
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVCache | None = None, use_cache: bool = False,
-                logits_to_keep: int | Tensor | None = None) -> BackboneOutput:
+                logits_to_keep: int | Tensor | None = None, compute_logits: bool = True) -> BackboneOutput:
         """The backbone contract of ddrl.models.native.base.
 
-        logits_to_keep: None or 0 = every position; k > 0 = the last k; a 1-D index tensor = those positions.
+        logits_to_keep: None or 0 = every position; k > 0 = the last k; a 1-D index tensor = those
+        positions; a 2-D [B, K] one = each row's own. compute_logits=False: hidden states only.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
@@ -409,8 +421,8 @@ class LLaDABackbone(LayerCheckpointing, nn.Module):
                               use_cache=use_cache,
                               checkpointing=self.checkpointing_now)
         hidden = self.model.transformer["ln_f"](x)  # [B, T, D]
-        return BackboneOutput(logits=self.lm_head(kept_positions(hidden, logits_to_keep)), past_key_values=cache,
-                              hidden_states=hidden)
+        return BackboneOutput(logits=head_output(self.lm_head, hidden, logits_to_keep, compute_logits),
+                              past_key_values=cache, hidden_states=hidden)
 
     # ------------------------------------------------------------------ the official directory layout
 

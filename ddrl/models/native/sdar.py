@@ -44,7 +44,7 @@ from ddrl.processes.block import block_layout_mask
 from ddrl.models.io import ModelDirectoryError, write_json
 from ddrl.models.native.base import (
     QwenStyleBackbone,
-    kept_positions,
+    head_output,
     run_layers,
     NATIVE_FAMILIES,
     BackboneOutput,
@@ -229,11 +229,12 @@ class SDARBackbone(QwenStyleBackbone):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVCache | None = None, use_cache: bool = False,
-                logits_to_keep: int | Tensor | None = None) -> BackboneOutput:
+                logits_to_keep: int | Tensor | None = None, compute_logits: bool = True) -> BackboneOutput:
         """input_ids [B, T] -> logits [B, T, V] (base module doc for the arguments).
 
         logits_to_keep: None or 0 = every position; an int K = the last K positions; a 1-D long
-        tensor = those positions. hidden_states always covers all T positions.
+        tensor = those positions; a 2-D [B, K] one = each row's own. hidden_states always covers all
+        T positions; compute_logits=False skips lm_head (logits None).
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
@@ -247,8 +248,8 @@ class SDARBackbone(QwenStyleBackbone):
                               use_cache=use_cache,
                               checkpointing=self.checkpointing_now)
         hidden = self.model.norm(h)  # [B, T, D]
-        return BackboneOutput(logits=self.lm_head(kept_positions(hidden, logits_to_keep)), past_key_values=cache,
-                              hidden_states=hidden)
+        return BackboneOutput(logits=head_output(self.lm_head, hidden, logits_to_keep, compute_logits),
+                              past_key_values=cache, hidden_states=hidden)
 
     def _attention(self, attention_mask: Tensor | None, position_ids: Tensor | None, B: int, T: int, past_len: int,
                    device: torch.device) -> tuple[Tensor, Tensor]:
