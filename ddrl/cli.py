@@ -148,6 +148,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     run_dir = train(args.config, args.overrides)
     if os.environ.get("RANK", "0") == "0":
         print(f"run directory: {run_dir}")
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # a clean exit under torchrun: gloo/nccl threads stopped before teardown
+        dist.destroy_process_group()
     return 0
 
 

@@ -60,12 +60,21 @@ class ModelConfig:
     max_seq_len: int = 256  # longest prompt + completion the model accepts
     block_size: int | None = None  # block-causal block size to build; on load None = the checkpoint's, else must match
     dropout: float = 0.0  # dropout inside the built-in transformer
-    dtype: str = "float32"  # parameter dtype: float32 | bfloat16
-    bf16_autocast: bool = False  # run forward passes under bf16 autocast (GPU)
+    dtype: str = "float32"  # parameter (master weight) dtype: float32 | bfloat16 (RL: a frozen LoRA base only)
+    # compute precision: none (compute in model.dtype) | bf16 (bf16 matmuls over the parameters: under
+    # FSDP2 a MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), else torch.autocast(bf16)).
+    # Full fine-tuning at scale: dtype=float32 + mixed_precision=bf16. Older configs' bf16_autocast: true
+    # loads as mixed_precision: bf16.
+    mixed_precision: str = "none"
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
     trust_remote_code: bool = False  # run a non-native directory's own code (auto_map); LLaDA/Dream/SDAR never do
     mask_token_id: int | None = None  # override the family's mask id (HF models)
     lora: LoraConfig = field(default_factory=LoraConfig)
+
+    @property
+    def bf16_autocast(self) -> bool:
+        """Read-only view of the older knob: bf16 compute (model.mixed_precision=bf16)."""
+        return self.mixed_precision == "bf16"
 
 
 @dataclass
@@ -81,6 +90,9 @@ class SamplerConfig:
     cache: str = "auto"  # KV cache: none (reference) | prefix | dual (Fast-dLLM, approximate) | auto (exact cache on block-causal models, none elsewhere)
     factor: float | None = None  # Fast-dLLM factor rule: commit the largest n with (n+1)(1-c_(n)) < factor
     early_exit: bool = True  # stop spending compute on sequences that already produced EOS
+    # Gumbel noise of masked/block/emerge, drawn on the model's device: float32 | float64 (the
+    # reference's: its tail also reaches tempered probabilities below ~6e-8; twice the draw's memory)
+    noise_dtype: str = "float32"
     # Dream's diffusion_generate (rollout.name=dream) and SDAR's tempered confidence (remasking=sdar_dynamic):
     alg: str = "entropy"  # dream: which masked positions to commit: origin | entropy | maskgit_plus | topk_margin
     alg_temp: float | None = None  # dream: sample the positions to commit from softmax(confidence / alg_temp)
@@ -120,6 +132,9 @@ class TrainConfig:
     group_size: int = 8  # G, completions per prompt
     num_iterations: int = 1  # mu, inner updates on the same rollouts
     micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None = all
+    micro_batch_rows: int | None = None  # estimators with training rows of their own (TraceRL's trace states):
+    # at most this many rows per forward/backward, cut sample-major as dLLM-RL does (Trace.row_chunks), so
+    # memory is bounded by rows, not by samples x states (micro_batch_size is then unused); None = whole groups
     minibatches: int = 1  # optimizer steps per inner iteration, each on a disjoint share of the groups (PPO
     # minibatches; TraceRL); old log-probs stay those of the rollout policy
     group_filter: list[float] | None = None  # [lo, hi]: groups whose mean reward is below lo or above hi
@@ -132,7 +147,8 @@ class TrainConfig:
     # same function and the ratio is exactly 1 at k = 0; false = dropout on in all of them (d1, TRL)
     skip_uninformative: bool = True  # leave groups whose advantages are all 0 out of the old/ref/update passes
     # when the method's loss has no term without A (beta = 0, no ELBO regulariser): same expected
-    # gradient, far less compute when most groups are all-right or all-wrong (one process only)
+    # gradient, far less compute when most groups are all-right or all-wrong (every rank pads to the
+    # same number of micro-batches)
     lr: float = 1e-5  # peak learning rate
     lr_schedule: str = "constant"  # constant | cosine | linear (after warmup)
     warmup_steps: int = 0  # linear warmup steps
@@ -145,6 +161,8 @@ class TrainConfig:
     log_every: int = 1  # write metrics every N steps
     save_every: int = 0  # checkpoint every N steps (0 = only at the end)
     keep_checkpoints: int = 2  # keep the newest N checkpoints
+    sharded_checkpoints: bool | str = "auto"  # true: each rank writes its shard (torch.distributed.checkpoint);
+    # false: rank 0 writes one full model directory; auto: sharded under dist.strategy=fsdp
     tensorboard: bool = True  # also write TensorBoard events
     wandb: bool = False  # also log to Weights & Biases (needs wandb installed)
     progress: bool = True  # tqdm progress bar
@@ -257,6 +275,26 @@ def _apply_aliases(d: dict[str, Any]) -> dict[str, Any]:
     for alias, (section, key) in _ALIASES.items():
         if alias in d:
             d.setdefault(section, {})[key] = d.pop(alias)
+    return _migrate_legacy(d)
+
+
+def _migrate_legacy(d: dict[str, Any]) -> dict[str, Any]:
+    """Older keys, rewritten into today's within one source (a file or an override), so older configs
+    and run directories load and the later source still wins: `model.bf16_autocast: true` is
+    `model.mixed_precision: bf16` (false: none)."""
+    model = d.get("model")
+    if isinstance(model, dict) and "bf16_autocast" in model:
+        model = dict(model)
+        legacy = model.pop("bf16_autocast")
+        if not isinstance(legacy, bool):
+            raise ConfigError(f"model.bf16_autocast: expected true/false, got {legacy!r} (today's key: "
+                              f"model.mixed_precision=bf16|none)")
+        value = "bf16" if legacy else "none"
+        if model.get("mixed_precision", value) != value:
+            raise ConfigError(f"model.bf16_autocast={str(legacy).lower()} contradicts model.mixed_precision="
+                              f"{model['mixed_precision']}; keep only model.mixed_precision")
+        model["mixed_precision"] = value
+        d = {**d, "model": model}
     return d
 
 
@@ -367,6 +405,7 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
     bases = data.pop("base", None)
+    data = _migrate_legacy(data)
     if bases is None:
         return data
     merged: dict[str, Any] = {}
@@ -410,46 +449,23 @@ def _choice(value: str, valid: list[str] | tuple[str, ...], key: str) -> None:
 
 
 def validate_sampler(s: SamplerConfig, key: str = "rollout") -> None:
-    from ddrl.registry import SAMPLERS
+    """One check for sampler settings (ddrl.sampling.checks.check_sampler): the samplers run the same
+    one, so a bad value reads the same from a config file and from a direct call."""
+    from ddrl.sampling.checks import check_sampler
 
-    _choice(s.name, SAMPLERS.names(), f"{key}.name")
-    _choice(s.remasking, ("low_confidence", "random", "sdar_dynamic"), f"{key}.remasking")
-    _choice(s.alg, ("origin", "entropy", "maskgit_plus", "topk_margin"), f"{key}.alg")  # ddrl.sampling.dream
-    if s.remasking == "sdar_dynamic" and s.threshold is None:
-        raise ConfigError(f"{key}.remasking=sdar_dynamic needs {key}.threshold (SDAR's confidence_threshold, e.g. 0.9)")
-    if s.top_p is not None and not 0.0 < s.top_p <= 1.0:
-        raise ConfigError(f"{key}.top_p must be in (0, 1] or unset, got {s.top_p}")
-    if s.top_k is not None and s.top_k <= 0:
-        raise ConfigError(f"{key}.top_k must be a positive integer or unset, got {s.top_k}")
-    _choice(s.cache, ("none", "prefix", "dual", "auto"), f"{key}.cache")  # ddrl.sampling.cache.CACHE_MODES
-    if s.gen_length <= 0:
-        raise ConfigError(f"{key}.gen_length must be positive, got {s.gen_length}")
-    if s.steps <= 0:
-        raise ConfigError(f"{key}.steps must be positive, got {s.steps}")
-    if s.temperature < 0:
-        raise ConfigError(f"{key}.temperature must be >= 0, got {s.temperature}")
-    if s.threshold is not None and not 0.0 < s.threshold <= 1.0:
-        raise ConfigError(f"{key}.threshold must be in (0, 1], got {s.threshold}")
-    if s.name in ("masked", "block"):
-        block = s.block_length or s.gen_length
-        if s.gen_length % block:
-            raise ConfigError(
-                f"{key}.gen_length={s.gen_length} is not divisible by {key}.block_length={block}; "
-                f"pick a block_length that divides gen_length"
-            )
-        n_blocks = s.gen_length // block
-        if s.threshold is None and s.steps % n_blocks:
-            raise ConfigError(
-                f"{key}.steps={s.steps} is not divisible by the number of blocks ({n_blocks}); "
-                f"use a multiple of {n_blocks}"
-            )
+    try:
+        check_sampler(s, key)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 # Why bf16 trainable weights are refused (config validation and build_optimizer say the same).
 BF16_TRAINING = ("trainable parameters in bfloat16 learn nothing: an AdamW update of lr ~1e-6 on a weight of "
                  "~0.02 is below half a bf16 ulp and rounds to zero. Keep fp32 master weights with bf16 compute "
-                 "(model.dtype=float32 model.bf16_autocast=true; FSDP shards them) or train LoRA adapters "
+                 "(model.dtype=float32 model.mixed_precision=bf16; FSDP shards them) or train LoRA adapters "
                  "(model.lora.rank>0: peft keeps them in fp32 over a bf16 base)")
+MIXED_PRECISION = ("none", "bf16")  # model.mixed_precision (ddrl.training.distributed applies it)
+SHARDED_CHECKPOINTS = ("auto", True, False)  # train.sharded_checkpoints
 
 
 def validate(cfg: Any) -> None:
@@ -461,6 +477,7 @@ def validate(cfg: Any) -> None:
             _choice(model.process, PROCESSES.names(), "model.process")
         _choice(model.schedule, ("linear", "cosine"), "model.schedule")
         _choice(model.dtype, ("float32", "bfloat16"), "model.dtype")
+        _choice(model.mixed_precision, MIXED_PRECISION, "model.mixed_precision")
         if model.dtype == "bfloat16" and model.lora.rank == 0 and isinstance(cfg, RLConfig):
             raise ConfigError(f"model.dtype=bfloat16 with full fine-tuning (model.lora.rank=0): {BF16_TRAINING}")
         if model.d_model % model.n_heads:
@@ -501,6 +518,15 @@ def validate(cfg: Any) -> None:
         if t.prompts_per_step % t.minibatches:
             raise ConfigError(f"train.minibatches={t.minibatches} must divide train.prompts_per_step="
                               f"{t.prompts_per_step}: each optimizer step takes whole prompt groups")
+        if t.micro_batch_rows is not None:
+            if t.micro_batch_rows < 1:
+                raise ConfigError(f"train.micro_batch_rows must be >= 1 (or null), got {t.micro_batch_rows}")
+            if est_name is None or not hasattr(ESTIMATORS.get(est_name), "row_chunks"):
+                raise ConfigError(f"train.micro_batch_rows cuts an estimator's own training rows (TraceRL's trace "
+                                  f"states); estimator {est_name!r} has none: use train.micro_batch_size")
+        if t.sharded_checkpoints not in SHARDED_CHECKPOINTS:
+            raise ConfigError(f"train.sharded_checkpoints={t.sharded_checkpoints!r} is not valid; choose one of: "
+                              f"auto, true, false")
         if t.prompt_pool is not None and t.prompt_pool < 1:
             raise ConfigError(f"train.prompt_pool must be >= 1 (or null for new prompts every step), got {t.prompt_pool}")
         _choice(cfg.eval.split, ("test", "train"), "eval.split")

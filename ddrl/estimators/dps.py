@@ -12,7 +12,7 @@ token finally committed at i, and c_i its commit step:
     kind="uncertainty":  DPS_i = 1 - q_{c_i - 1}(i), or 1 - q_{c_i}(i) when c_i is i's first recorded step
 
 Only RECORDED steps count. The block samplers write NaN for the steps before a token's block
-begins (ddrl.sampling.masked, "Trajectory"): the token is not being denoised then, so those steps
+begins (ddrl.sampling.trajectory): the token is not being denoised then, so those steps
 carry no progress, and the first recorded probability is the baseline, not a gain from zero.
 Two tokens with the same history therefore get the same score whichever block they sit in.
 

@@ -100,12 +100,14 @@ def task_scoring(task: Any) -> Scoring:
 def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerConfig | dict | None = None,
              seed: int = 0, k: int = 1, batch_size: int = 64, examples: list[dict] | None = None,
              output_jsonl: str | Path | None = None, split: str = "test",
-             protocol: Any = None) -> dict[str, Any]:
+             protocol: Any = None, shard: bool = False) -> dict[str, Any]:
     """Sample k completions for each of n (default 200) held-out examples; score them with the task.
 
     protocol: a paper protocol's name or Protocol (ddrl.eval.protocols.evaluate_protocol, whose result
     this returns): its sampler per generation length, its preset's prompt and metric, and its test
     set (the whole of it when n is None). sampler/split do not apply to a protocol.
+    shard: split the examples over the ranks of torch.distributed's default group (every rank must
+    call); each rank samples its share and every rank gets the whole, gathered result.
     """
     from ddrl.tasks import get_task
 
@@ -134,7 +136,7 @@ def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerCon
     if not examples:
         raise ValueError(f"task {task.name!r} returned no {split} examples; check its data path/arguments")
     rows, stats = sample_and_score(model, examples, sampler, task_scoring(task), seed=seed, k=k,
-                                   batch_size=batch_size)
+                                   batch_size=batch_size, shard=shard)
     result = {"task": task.name, **summarize(rows), "k": k, "sampler": dataclasses.asdict(sampler), **stats}
     if k > 1:
         result.update(pass_at_k(rows, k))
@@ -144,11 +146,53 @@ def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerCon
 
 
 def sample_and_score(model: Any, examples: list[dict], sampler: SamplerConfig, scoring: Scoring, *,
-                     seed: int = 0, k: int = 1, batch_size: int = 64) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                     seed: int = 0, k: int = 1, batch_size: int = 64,
+                     shard: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """k completions per example, scored. Returns (one row per example, {"seconds", "model_calls"}).
 
     Row: prompt, completions (cut at the first stop token), rewards, correct, metric (when scored
-    with one) and raw_completions (with raw_text)."""
+    with one) and raw_completions (with raw_text).
+
+    One sampler call per `batch_size` examples (x k rows). Example i draws from its own generator,
+    seeded by (seed, i) on the model's device, so its samples do not depend on the batch it falls
+    in nor on the rank that evaluates it. shard: rank r of W evaluates examples r, r + W, ...; the
+    rows are gathered back into example order on every rank.
+    """
+    rank, world = _rank_and_world(shard)
+    mine = list(range(rank, len(examples), world))
+    start = time.perf_counter()
+    rows, nfe = _sample_rows(model, examples, mine, sampler, scoring, seed=seed, k=k, batch_size=batch_size)
+    seconds = time.perf_counter() - start
+    if world > 1:
+        parts: list[Any] = [None] * world
+        torch.distributed.all_gather_object(parts, (mine, rows, nfe, seconds))
+        ordered: list[dict[str, Any] | None] = [None] * len(examples)
+        for indices, part_rows, _, _ in parts:
+            for i, row in zip(indices, part_rows):
+                ordered[i] = row
+        rows = ordered  # type: ignore[assignment]
+        nfe, seconds = sum(p[2] for p in parts), max(p[3] for p in parts)
+    return rows, {"seconds": round(seconds, 3), "model_calls": nfe}
+
+
+def _rank_and_world(shard: bool) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if not shard or not dist.is_available() or not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
+def example_seed(seed: int, index: int) -> int:
+    """The seed of example `index`'s generator (the earlier per-batch seed at a batch of one)."""
+    return seed * 1_000_003 + index
+
+
+def _sample_rows(model: Any, examples: list[dict], indices: list[int], sampler: SamplerConfig, scoring: Scoring, *,
+                 seed: int, k: int, batch_size: int) -> tuple[list[dict[str, Any]], int]:
+    """Rows of examples[indices], sampled batch_size examples per sampler call; (rows, model calls)."""
+    from ddrl.processes.draws import RowGenerators
+
     device = next(model.parameters()).device
     max_prompt = None
     if getattr(model, "max_seq_len", None):
@@ -157,15 +201,17 @@ def sample_and_score(model: Any, examples: list[dict], sampler: SamplerConfig, s
     stop_ids = model_stop_ids(model)
     was_training = model.training
     model.eval()
-    start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     nfe = 0
-    for lo in range(0, len(examples), batch_size):
-        chunk = examples[lo: lo + batch_size]
+    generator_device = device if device.type == "cuda" else torch.device("cpu")
+    for lo in range(0, len(indices), batch_size):
+        chunk_ids = indices[lo: lo + batch_size]
+        chunk = [examples[i] for i in chunk_ids]
         prompts = [scoring.prompt(ex) for ex in chunk]
         prompt_ids, prompt_mask = encode_prompts(model.tokenizer, [p for p in prompts for _ in range(k)],
                                                  max_length=max_prompt, device=device)
-        g = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + lo)
+        g = RowGenerators([torch.Generator(device=generator_device).manual_seed(example_seed(seed, i))
+                           for i in chunk_ids], rows_per_generator=k)
         out = sample_fn(model, prompt_ids, prompt_mask, sampler, generator=g)
         nfe += out.nfe
         texts = decode_completions(model.tokenizer, out.completion_ids, stop_ids)
@@ -187,7 +233,7 @@ def sample_and_score(model: Any, examples: list[dict], sampler: SamplerConfig, s
                 row["raw_completions"] = scored[part]
             rows.append(row)
     model.train(was_training)
-    return rows, {"seconds": round(time.perf_counter() - start, 3), "model_calls": nfe}
+    return rows, nfe
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:

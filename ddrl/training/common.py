@@ -1,13 +1,16 @@
-"""Small pieces the training loops share: devices, derived seeds, optimizers, LR schedules."""
+"""Small pieces the training loops share: devices, derived seeds, optimizers, LR schedules, phase
+clocks, dropout switches."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
 import shutil
+import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -36,6 +39,8 @@ def derive_seed(*parts: Any) -> int:
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator seeded with `seed` on `device` (CUDA: the draws happen there, no host copy; any
+    other device: a CPU generator)."""
     device = torch.device(device)
     g = torch.Generator(device=device if device.type == "cuda" else "cpu")
     g.manual_seed(seed)
@@ -83,3 +88,41 @@ def check_writable(directory: str | Path, need_mb: int = 50) -> Path:
     if free_mb < need_mb:
         raise ValueError(f"only {free_mb:.0f} MB free under {str(path)!r} (need >= {need_mb} MB); free space or choose another output_dir")
     return path
+
+
+class Clock:
+    """`with clock("rollout"):` adds the block's wall time to timings["rollout"]."""
+
+    def __init__(self, timings: dict[str, float]):
+        self.timings = timings
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+
+# Attention layers apply dropout functionally (scaled_dot_product_attention's dropout_p) from a float
+# attribute; these are the names the native families and the built-in Denoiser use.
+_FUNCTIONAL_DROPOUT = ("attention_dropout", "dropout", "attn_dropout")
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """p = 0 in every dropout layer (LoRA's included) and every functional attention dropout, so the
+    RL passes compute a deterministic function. Eval mode would do it too, but it would also switch
+    off per-layer activation checkpointing, which keys on `training`."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        for name in _FUNCTIONAL_DROPOUT:
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
+
+
+def nanmean(values: list[Any]) -> float:
+    """Mean of the finite values (None and NaN left out); NaN when there are none."""
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return sum(xs) / len(xs) if xs else float("nan")

@@ -10,21 +10,28 @@ DDP or FSDP2 (torch.distributed.fsdp.fully_shard) reduce gradients. Each rank's 
 world_size before backward, so that the engines' gradient *average* equals the gradient of the
 global loss (see objectives/aggregation.py). Logged metrics are averaged over ranks.
 
+Mixed precision (model.mixed_precision=bf16 over fp32 parameters): under FSDP2 every fully_shard gets
+MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): shards, gradients and AdamW state stay fp32,
+parameters are all-gathered and used in bf16, gradients are reduced in fp32. Under DDP or in one
+process the parameters stay fp32 and the passes run under torch.autocast(bf16) (`compute_context`).
+
+Memory: `check_memory_fits` refuses, before anything is moved to the device, a model whose weights,
+gradients and AdamW state (~16 bytes per fp32 trainable parameter) plus a reference copy cannot fit
+one device under the chosen strategy (DDP replicates all of it; FSDP divides it by the ranks).
+
 FSDP2 specifics:
   * fully_shard shards each transformer block (the largest nn.ModuleList of the backbone), then the
     root, in place: the sharded module is still the DiffusionLM, so its attributes (mask_token_id,
     process, tokenizer, disable_adapter ...) stay reachable and calling it directly still works.
+  * The RL reference model (a separate copy when the method needs one and LoRA is off) is sharded the
+    same way, so it costs 1/N of a copy per rank; `sync_reference` copies shard into shard.
   * Generation (rollouts, evaluation) runs inside `gathered_parameters`: every shard is all-gathered
     once up front and kept until the end. Ranks make different numbers of model calls (early exit,
     threshold decoding), which per-call all-gathers could not survive; this costs one full copy of
     the weights per rank while generating, like the rollout engines of other RL libraries.
-  * Checkpoints: `gather_full_state` collects a full state dict (model and optimizer, on the CPU, on
-    rank 0) with torch.distributed.checkpoint.state_dict, and rank 0 writes an ordinary model
-    directory, so a sharded run's checkpoint loads in one process. `load_full_state` loads a
-    full state dict into a sharded (or plain) model and optimizer, so any checkpoint resumes under
-    any strategy. Optimizer states are keyed by parameter name in every strategy.
-  * The RL reference model (a separate copy when the method needs one and LoRA is off) is not
-    sharded: it holds a full copy per rank. Use LoRA (reference = adapter disabled) at scale.
+  * Checkpoints (ddrl.training.checkpoint): sharded under FSDP by default, each rank writing its own
+    shard with torch.distributed.checkpoint; or full (rank 0 writes an ordinary model directory).
+    Either loads under any strategy and any number of processes.
   * DiffusionGemma ties its encoder and decoder layers: sharding them as separate units is not
     supported by FSDP2; use DDP for it.
 """
@@ -32,6 +39,7 @@ FSDP2 specifics:
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -75,33 +83,118 @@ def resolve_strategy(strategy: str, info: DistInfo) -> str:
     return strategy
 
 
-def wrap_model(model: torch.nn.Module, strategy: str, device: torch.device) -> torch.nn.Module:
-    """DDP returns a wrapper; FSDP2's fully_shard shards in place and returns the same module."""
+def wrap_model(model: torch.nn.Module, strategy: str, device: torch.device,
+               mixed_precision: str = "none") -> torch.nn.Module:
+    """DDP returns a wrapper; FSDP2's fully_shard shards in place and returns the same module.
+
+    mixed_precision="bf16" under FSDP2: bf16 all-gathers and compute over the fp32 shards, fp32
+    gradient reduction (module doc). DDP and one process leave the parameters alone (autocast)."""
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [device.index] if device.type == "cuda" else None
         return DDP(model, device_ids=ids)
     if strategy == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        from ddrl.models.hf import transformer_blocks  # no transformers import at module level
-
-        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        for block in transformer_blocks(getattr(model, "model", model)):  # shard each block, then the root
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        return model
+        shard_model(model, device, mixed_precision)
     return model
+
+
+def shard_model(model: torch.nn.Module, device: torch.device, mixed_precision: str = "none") -> torch.nn.Module:
+    """fully_shard each transformer block, then the root, in place (trainable or frozen: the RL
+    reference is sharded the same way as the policy, so their shards line up)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from ddrl.models.hf import transformer_blocks  # no transformers import at module level
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = mixed_precision_policy(mixed_precision)
+    kwargs = {} if policy is None else {"mp_policy": policy}
+    for block in transformer_blocks(getattr(model, "model", model)):  # shard each block, then the root
+        fully_shard(block, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
+    return model
+
+
+def mixed_precision_policy(mixed_precision: str) -> Any:
+    """FSDP2's policy for model.mixed_precision: bf16 parameters in compute, fp32 gradient reduction
+    (the fp32 shards are the master weights AdamW updates); None for "none"."""
+    if mixed_precision == "none":
+        return None
+    if mixed_precision != "bf16":
+        raise ValueError(f"model.mixed_precision={mixed_precision!r}; valid: none, bf16")
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def compute_context(device: torch.device, mixed_precision: str, strategy: str) -> contextlib.AbstractContextManager:
+    """What a forward pass runs under: torch.autocast(bf16) for bf16 compute over fp32 parameters
+    under DDP or in one process; nothing under FSDP2, whose policy casts the parameters itself."""
+    if mixed_precision == "bf16" and strategy != "fsdp":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+# --------------------------------------------------------------------------------------------
+# Memory: does a full copy of the training state fit one device?
+# --------------------------------------------------------------------------------------------
+
+ADAMW_STATES = 2  # exp_avg and exp_avg_sq, each the size of its parameter
+
+
+def training_state_bytes(model: torch.nn.Module, *, reference_copy: bool) -> tuple[int, int]:
+    """(bytes of weights + gradients + AdamW state, bytes of a reference copy) of a model: each
+    parameter's own bytes, plus for a trainable one its gradient and AdamW's two moments in its dtype
+    (16 bytes per fp32 trainable parameter, 2 per frozen bf16 one). Activations are not counted."""
+    state = ref = 0
+    for p in model.parameters():
+        size = p.numel() * p.element_size()
+        state += size * (2 + ADAMW_STATES) if p.requires_grad else size
+        ref += size
+    return state, ref if reference_copy else 0
+
+
+def check_memory_fits(state_bytes: int, reference_bytes: int, device_bytes: int | None, *, strategy: str,
+                      world_size: int) -> None:
+    """Refuse a run whose training state cannot fit one device before any of it is moved there.
+
+    Replicated strategies (none, ddp) hold all of it on every device; FSDP2 holds 1/world_size of the
+    model state and of the reference. device_bytes None (the CPU) skips the check. The estimate leaves
+    out activations, so a run it passes may still run out of memory, but one it refuses cannot fit."""
+    if device_bytes is None:
+        return
+    shards = world_size if strategy == "fsdp" else 1
+    need = (state_bytes + reference_bytes) / shards
+    if need <= device_bytes:
+        return
+    gb = 1e9
+    what = (f"the weights, gradients and AdamW state ({state_bytes / gb:.1f} GB"
+            + (f") plus the reference copy ({reference_bytes / gb:.1f} GB" if reference_bytes else "")
+            + f") need {need / gb:.1f} GB per device, more than its {device_bytes / gb:.1f} GB")
+    if shards == 1:
+        raise ValueError(f"dist.strategy={strategy} replicates the model on every device (auto is ddp under "
+                         f"torchrun, none in one process): {what}. Shard it: torchrun --nproc_per_node N -m ddrl "
+                         f"train ... dist.strategy=fsdp, or train LoRA adapters (model.lora.rank=128)")
+    raise ValueError(f"FSDP over {world_size} devices: {what}. Use more devices (need >= "
+                     f"{math.ceil((state_bytes + reference_bytes) / device_bytes)}) or train LoRA adapters "
+                     f"(model.lora.rank=128)")
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Total memory of a CUDA device in bytes; None elsewhere (the CPU's is not checked)."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.get_device_properties(device).total_memory)
 
 
 @contextlib.contextmanager
 def gradient_sync(wrapped: torch.nn.Module, enabled: bool) -> Iterator[None]:
     """Inside, backward passes reduce gradients over ranks only when `enabled`: gradient accumulation
     all-reduces once, on the last micro-batch of an optimizer step, instead of after every one (DDP
-    no_sync; FSDP2 set_requires_gradient_sync). Every rank must run the same number of backward
-    passes with the same pattern (the trainer's micro-batches are equal across ranks)."""
+    no_sync; FSDP2 set_requires_gradient_sync). The forward must run inside too: DDP arms (or not)
+    its gradient reducer in forward. Every rank must run the same number of backward passes with
+    the same pattern (the trainer pads every rank to the same micro-batches)."""
     if enabled:
         yield
         return
@@ -124,6 +217,40 @@ def is_sharded(model: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
+
+
+@torch.no_grad()
+def copy_parameters(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """dst's parameters := src's (the RL reference := the policy). Sharded alike under FSDP2, they are
+    copied shard into shard, nothing gathered; a sharded src into a plain dst is gathered first."""
+    reshard(dst)
+    reshard(src)
+    for d, s in zip(dst.parameters(), src.parameters()):
+        if hasattr(d, "to_local"):
+            d.to_local().copy_(s.to_local())
+        else:
+            d.copy_(s.full_tensor() if hasattr(s, "full_tensor") else s)
+
+
+def zero_loss(new: Any) -> torch.Tensor:
+    """0 x a padding micro-batch's log-probs (an EstimatorOutput): its backward gives every parameter
+    it reached a zero gradient and runs the engines' collectives like a real micro-batch, so ranks
+    with fewer micro-batches keep in step. Non-finite values (a forbidden token's -inf) are zeroed
+    first, so the loss is exactly 0."""
+    parts = [x.nan_to_num(0.0, 0.0, 0.0).sum() for x in (new.token_logp, new.seq_logp)
+             if x is not None and x.requires_grad]
+    if not parts:
+        raise RuntimeError("a padding micro-batch's estimator output carries no gradient; every rank must run "
+                           "the same backward passes")
+    return 0.0 * sum(parts)
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free a sharded model's gathered parameters and register its shards again. FSDP2 leaves the
+    root's parameters gathered after a forward (for the backward it expects): a frozen reference,
+    which never runs backward, would keep them, and a copy into them would be lost. No-op unsharded."""
+    if is_sharded(model):
+        model.reshard()
 
 
 @contextlib.contextmanager
@@ -149,105 +276,6 @@ def gathered_parameters(model: torch.nn.Module) -> Iterator[None]:
             m.set_reshard_after_forward(True, recurse=False)
         for m in modules:
             m.reshard()
-
-
-# --------------------------------------------------------------------------------------------
-# Full state dicts (checkpoints that load under any strategy)
-# --------------------------------------------------------------------------------------------
-
-
-def gather_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict | None, dict]:
-    """-> (model state or None, optimizer state keyed by parameter name).
-
-    Sharded (FSDP2): a collective, so every rank must call it; full tensors are gathered to the CPU
-    of rank 0 (the other ranks get empty dicts). Unsharded: the model state is None (save the
-    module's own tensors) and the optimizer state is renamed, without copies.
-    """
-    if is_sharded(model):
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return (get_model_state_dict(model, options=options),
-                get_optimizer_state_dict(model, optimizer, options=options))
-    return None, named_optimizer_state(model, optimizer)
-
-
-def load_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict[str, Any],
-                    optimizer_state: dict[str, Any] | None) -> None:
-    """Load full (unsharded) model and optimizer states into a sharded or plain model. Collective
-    under FSDP2 (every rank calls it with the same full states)."""
-    if is_sharded(model):
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)
-
-        options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, model_state, options=options)
-        if optimizer is not None and optimizer_state is not None:
-            if _is_index_keyed(optimizer_state):
-                raise ValueError("this checkpoint's optimizer state is keyed by position (an older ddrl); it cannot "
-                                 "be resharded. Resume it without dist.strategy=fsdp, save once, then switch")
-            set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
-        return
-    model.load_state_dict(model_state)
-    if optimizer is not None and optimizer_state is not None:
-        if _is_index_keyed(optimizer_state):
-            optimizer.load_state_dict(optimizer_state)
-        else:
-            load_named_optimizer_state(model, optimizer, optimizer_state)
-
-
-def named_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """optimizer.state_dict() with parameter names instead of positions (the layout of
-    torch.distributed.checkpoint's full optimizer state dict), so it loads under any strategy."""
-    name_of = {id(p): n for n, p in model.named_parameters()}
-    own = optimizer.state_dict()
-    names, groups = [], []
-    for group in optimizer.param_groups:
-        group_names = [name_of[id(p)] for p in group["params"]]
-        names += group_names
-        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": group_names})
-    state = {names[i]: s for i, s in own["state"].items()}
-    return {"state": state, "param_groups": groups}
-
-
-def load_named_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                               named: dict[str, Any]) -> None:
-    name_of = {id(p): n for n, p in model.named_parameters()}
-    if len(named["param_groups"]) != len(optimizer.param_groups):
-        raise ValueError(f"the checkpoint's optimizer has {len(named['param_groups'])} parameter groups, this one "
-                         f"{len(optimizer.param_groups)}; resume with the same model and LoRA settings")
-    state, groups, index = {}, [], 0
-    for saved, group in zip(named["param_groups"], optimizer.param_groups):
-        names = [name_of[id(p)] for p in group["params"]]
-        if set(names) != set(saved["params"]):
-            raise ValueError("the checkpoint's optimizer holds other parameters than this model's trainable ones "
-                             "(was LoRA switched on or off?); resume with the settings the run started with")
-        positions = []
-        for n in names:
-            if n in named["state"]:
-                state[index] = named["state"][n]
-            positions.append(index)
-            index += 1
-        groups.append({**{k: v for k, v in saved.items() if k != "params"}, "params": positions})
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
-
-
-def _is_index_keyed(optimizer_state: dict[str, Any]) -> bool:
-    groups = optimizer_state.get("param_groups") or [{}]
-    return any(isinstance(p, int) for g in groups for p in g.get("params", []))
-
-
-class GatheredModel:
-    """Stands for a model whose weights were gathered: save_pretrained writes the given full state
-    (what ddrl.training.checkpoint.save_checkpoint calls on rank 0 of a sharded run)."""
-
-    def __init__(self, model: torch.nn.Module, state: dict[str, torch.Tensor] | None):
-        self.model = model
-        self.state = state
-
-    def save_pretrained(self, directory: Any) -> None:
-        self.model.save_pretrained(directory, state_dict=self.state)
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,20 +305,39 @@ def all_reduce_sum(x: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return x
 
 
-def reduce_mean_dict(stats: dict[str, float], info: DistInfo, device: torch.device) -> dict[str, float]:
-    """Average every metric over the ranks that logged it (a key one rank lacks, e.g. a non-finite
-    step counter, must not desynchronise the collective)."""
-    if not info.enabled:
-        return stats
-    key_sets: list[Any] = [None] * info.world_size
-    dist.all_gather_object(key_sets, sorted(stats))
-    keys = sorted(set().union(*key_sets))
+def all_reduce_max(x: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.enabled:
+        x = x.clone()
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return x
+
+
+def reduce_mean_dict(stats: dict[str, Any], info: DistInfo, device: torch.device) -> dict[str, float]:
+    """Python floats of every metric, averaged over the ranks that logged it (a key one rank lacks,
+    e.g. a non-finite step counter, must not desynchronise the collective). Values may be floats or
+    0-d tensors on the device: they are stacked and copied to the host once, not one sync each."""
+    local = sorted(stats)
+    if info.enabled:
+        key_sets: list[Any] = [None] * info.world_size
+        dist.all_gather_object(key_sets, local)
+        keys = sorted(set().union(*key_sets))
+    else:
+        keys = local
     if not keys:
-        return stats
-    values = torch.tensor([[float(stats[k]) if k in stats else 0.0, float(k in stats)] for k in keys],
-                          dtype=torch.float64, device=device)  # [K, 2]: value, present
-    dist.all_reduce(values, op=dist.ReduceOp.SUM)
-    return {k: (values[i, 0] / values[i, 1]).item() for i, k in enumerate(keys)}
+        return {}
+    values = torch.stack([_as_tensor(stats.get(k, 0.0), device) for k in keys])  # [K]
+    present = torch.tensor([float(k in stats) for k in keys], dtype=torch.float64, device=device)  # [K]
+    table = torch.stack([values, present], dim=1)  # [K, 2]
+    if info.enabled:
+        dist.all_reduce(table, op=dist.ReduceOp.SUM)
+    means = (table[:, 0] / table[:, 1]).tolist()  # the one host transfer
+    return dict(zip(keys, means))
+
+
+def _as_tensor(value: Any, device: torch.device) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().reshape(()).to(device=device, dtype=torch.float64)
+    return torch.tensor(float(value), dtype=torch.float64, device=device)
 
 
 def barrier(info: DistInfo) -> None:

@@ -2,12 +2,13 @@
 
 Each step, in named and timed phases:
 
-    rollout    G completions for each prompt (any registered sampler, explicit generator)
+    rollout    G completions for each prompt: one sampler call for all of a rank's groups, each group
+               drawing from its own generator (any registered sampler)
     reward     the task's reward; None/NaN rewards are excluded from their group
     advantage  group advantages (mean / z-score / leave-one-out, optional clip)
     old, ref   likelihood proxies without grad, only when the objective declares it needs them
     update     mu inner iterations on the same rollouts, each over `minibatches` shares of the groups,
-               each share: estimate -> loss -> backward (micro-batches of whole groups) -> clip -> step
+               each share: estimate -> loss -> backward (micro-batches) -> clip -> step
 
 What the method needs (old / reference passes, trajectories, advantages, mask seeds) is read from
 one typed `Method` (ddrl.training.method), built once from the config.
@@ -15,14 +16,18 @@ one typed `Method` (ddrl.training.method), built once from the config.
 Every random draw derives from (seed, step, ...) so a resumed run replays the draws of an
 uninterrupted one. Mask seeds live on the batch: old, ref and current passes of inner iteration k
 share seed k unless the method asks for fresh masks (StableDRL).
+
+Several processes: every rank drops the groups it does not learn from (train.group_filter,
+train.skip_uninformative), then pads each optimizer step with zero-weight micro-batches to the
+largest count of any rank, so that all ranks run the same passes and collectives; the loss
+normalisers are the step's global counts, so the gradient is the 1-process one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import math
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -31,17 +36,19 @@ from tqdm.auto import tqdm
 
 from ddrl.config import RLConfig, SamplerConfig, load_config, save_config, task_kwargs
 from ddrl.data import completion_mask, decode_completions, encode_prompts, is_stop, model_stop_ids
+from ddrl.processes.draws import RowGenerators
 from ddrl.registry import SAMPLERS
 from ddrl.training import checkpoint as ckpt
-from ddrl.training.common import (build_optimizer, build_scheduler, check_writable, derive_seed,
-                                  make_generator, pick_device)
-from ddrl.training.distributed import (DistInfo, GatheredModel, ModelHandle, all_reduce_sum, gather_full_state,
-                                       gathered_parameters, gradient_sync, init_distributed, load_full_state,
-                                       reduce_mean_dict, resolve_strategy, wrap_model)
+from ddrl.training.common import (Clock, build_optimizer, build_scheduler, check_writable, derive_seed,
+                                  disable_dropout, make_generator, nanmean, pick_device)
+from ddrl.training.distributed import (DistInfo, ModelHandle, all_reduce_max, all_reduce_sum, check_memory_fits,
+                                       compute_context, copy_parameters, device_memory, gathered_parameters,
+                                       gradient_sync, init_distributed, reduce_mean_dict, reshard, resolve_strategy,
+                                       shard_model, training_state_bytes, wrap_model, zero_loss)
 from ddrl.training.logging import MetricsLogger, plot_reward_curve
 from ddrl.training.method import Method, build_method
-from ddrl.sampling.base import SampleOutput
-from ddrl.types import EstimatorOutput, RolloutBatch, Trajectory
+from ddrl.training.preemption import PreemptionGuard
+from ddrl.types import EstimatorOutput, RolloutBatch
 
 if TYPE_CHECKING:
     from ddrl.objectives.aggregation import AggregationCounts
@@ -67,7 +74,8 @@ class Trainer:
         self.task = get_task(cfg.task.name, **task_kwargs(cfg.task))
         self.method: Method = build_method(cfg)
         self.objective, self.estimator = self.method.objective, self.method.estimator
-        self.model = self._load_model()
+        self.strategy = resolve_strategy(cfg.dist.strategy, self.dist)
+        self.model = self._load_model()  # on the CPU until the memory check passed
         self.max_prompt = (self.model.max_seq_len - cfg.rollout.gen_length
                            if getattr(self.model, "max_seq_len", None) else None)
         self.pool: list[dict[str, Any]] = []
@@ -75,9 +83,11 @@ class Trainer:
         if not self.example(0):
             raise ValueError(f"task {self.task.name!r} returned no training examples; check task.args")
         self.ref_model = self._make_reference() if self.method.needs_ref else None
-        strategy = resolve_strategy(cfg.dist.strategy, self.dist)
-        self.wrapped = wrap_model(self.model, strategy, self.device)
+        self.wrapped = self._place_models(cfg.model.mixed_precision)
         self.policy = ModelHandle(self.wrapped, self.model)
+        self.autocast = compute_context(self.device, cfg.model.mixed_precision, self.strategy)
+        sharded = t.sharded_checkpoints
+        self.sharded_checkpoints = self.strategy == "fsdp" if sharded == "auto" else bool(sharded)
         self.opt = build_optimizer(self.model.parameters(), t.lr, t.weight_decay, tuple(t.betas))
         self.sched = build_scheduler(self.opt, schedule=t.lr_schedule, warmup_steps=t.warmup_steps,
                                      total_steps=t.steps * t.num_iterations * t.minibatches,
@@ -90,8 +100,6 @@ class Trainer:
             self._resume()
         self.logger = MetricsLogger(self.run_dir, tensorboard=t.tensorboard and self.dist.is_main, wandb=t.wandb,
                                     enabled=self.dist.is_main, resume=cfg.resume and self.step > 0)
-        self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
-                         if cfg.model.bf16_autocast else contextlib.nullcontext())
         self.needs_trajectory = self.method.needs_trajectory
         if self.dist.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
@@ -111,9 +119,13 @@ class Trainer:
         if not self.cfg.model.path:
             raise ValueError("model.path is required for RL: point it at a pretrained model directory "
                              "(e.g. checkpoints/mini_sudoku-masked) or run `ddrl pretrain` first")
-        model = load_model(self.cfg.model.path, dtype=self.cfg.model.dtype, mask_token_id=self.cfg.model.mask_token_id,
-                           trust_remote_code=self.cfg.model.trust_remote_code, block_size=self.cfg.model.block_size,
-                           require_tokenizer=True)
+        m = self.cfg.model
+        kwargs = dict(dtype=m.dtype, mask_token_id=m.mask_token_id, trust_remote_code=m.trust_remote_code,
+                      block_size=m.block_size, require_tokenizer=True)
+        if self._rank0_loading:  # weights read once, on rank 0; the other ranks build on the meta device
+            model = ckpt.load_model_on_rank0(m.path, self.dist, **kwargs)
+        else:
+            model = load_model(m.path, **kwargs)
         if getattr(model, "mask_token_id", None) is None:
             raise ValueError(f"model {self.cfg.model.path!r} has no mask token; set model.mask_token_id")
         lora = self.cfg.model.lora
@@ -125,7 +137,36 @@ class Trainer:
             model.gradient_checkpointing_enable()
         if self.cfg.train.disable_dropout:
             disable_dropout(model)
-        return model.to(self.device).train()
+        return model
+
+    @property
+    def _rank0_loading(self) -> bool:
+        """Sharded runs read the checkpoint on rank 0 only (N ranks x 16 GB of host memory at 8B otherwise)."""
+        return self.strategy == "fsdp" and self.dist.enabled
+
+    def _place_models(self, precision: str) -> torch.nn.Module:
+        """Policy (and reference) onto the device, wrapped or sharded; returns the wrapped policy.
+        First the memory check: a model whose training state cannot fit the device under this
+        strategy is refused before any of it is moved. Under FSDP the reference is sharded like the
+        policy: 1/N of a copy per rank."""
+        state_bytes, ref_bytes = training_state_bytes(self.model, reference_copy=self.ref_model is not None)
+        check_memory_fits(state_bytes, ref_bytes, device_memory(self.device), strategy=self.strategy,
+                          world_size=self.dist.world_size)
+        if self._rank0_loading:  # rank 0's weights go straight into every rank's shards
+            ref_full = self.ref_model.state_dict() if self.ref_model is not None and self.dist.is_main else {}
+            wrapped = ckpt.wrap_from_rank0(self.model, "fsdp", self.device, self.dist, mixed_precision=precision)
+            self.model.train()
+            if self.ref_model is not None:
+                shard_model(self.ref_model, self.device, precision)
+                ckpt.broadcast_to_shards(self.ref_model, ref_full, self.device)
+            return wrapped
+        self.model.to(self.device).train()
+        wrapped = wrap_model(self.model, self.strategy, self.device, precision)
+        if self.ref_model is not None:
+            self.ref_model.to(self.device)
+            if self.strategy == "fsdp":
+                shard_model(self.ref_model, self.device, precision)
+        return wrapped
 
     def _make_reference(self) -> Any:
         if self.cfg.model.lora.rank > 0:
@@ -142,14 +183,16 @@ class Trainer:
     @torch.no_grad()
     def sync_reference(self) -> None:
         """Copy the policy into the frozen reference (train.sync_ref_every): the KL then anchors to a
-        recent policy instead of the initial one. Sharded (FSDP2) parameters are gathered first."""
-        for ref_p, p in zip(self.ref_model.parameters(), self.model.parameters()):
-            ref_p.copy_(p.full_tensor() if hasattr(p, "full_tensor") else p)
+        recent policy instead of the initial one. Under FSDP2 both are sharded alike: shard to shard."""
+        copy_parameters(self.ref_model, self.model)
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[Any]:
         if self.ref_model is not None:
-            yield self.ref_model
+            try:
+                yield self.ref_model
+            finally:
+                reshard(self.ref_model)  # FSDP2 keeps a root's parameters gathered after a forward without backward
         else:
             with self.model.disable_adapter():
                 yield self.policy
@@ -162,24 +205,31 @@ class Trainer:
                   if e.before and self.step == 0 else {})
         bar = tqdm(total=t.steps, initial=self.step, desc=f"{self.cfg.method.objective} on {self.task.name}",
                    disable=not (t.progress and self.dist.is_main), dynamic_ncols=True)
-        while self.step < t.steps:
-            self.step += 1
-            metrics = self.train_step(self.step)
-            if t.sync_ref_every and self.step % t.sync_ref_every == 0 and self.ref_model is not None:
-                self.sync_reference()
-            logged = self.step % t.log_every == 0 or self.step == t.steps
-            if logged:
-                metrics, before = {**metrics, **before}, {}
-            if e.every and self.step % e.every == 0 and self.step != t.steps:
-                metrics.update(self._evaluate(self.step))
-            if self.step == t.steps:
-                metrics.update(self._evaluate(self.step))
-            row = self.logger.log(self.step, metrics) if logged else metrics
-            bar.update(1)
-            bar.set_postfix(reward=f"{row.get('reward/mean') or 0:.3f}", step_s=f"{row.get('time/step') or 0:.1f}",
-                            acc=self._last_accuracy())
-            if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps:
-                self.save()
+        with PreemptionGuard() as preemption:  # SIGTERM: finish the step, checkpoint, exit 0
+            while self.step < t.steps:
+                self.step += 1
+                metrics = self.train_step(self.step)
+                if t.sync_ref_every and self.step % t.sync_ref_every == 0 and self.ref_model is not None:
+                    self.sync_reference()
+                logged = self.step % t.log_every == 0 or self.step == t.steps
+                if logged:
+                    metrics, before = {**metrics, **before}, {}
+                if e.every and self.step % e.every == 0 and self.step != t.steps:
+                    metrics.update(self._evaluate(self.step))
+                if self.step == t.steps:
+                    metrics.update(self._evaluate(self.step))
+                row = self.logger.log(self.step, metrics) if logged else metrics
+                bar.update(1)
+                bar.set_postfix(reward=f"{row.get('reward/mean') or 0:.3f}", step_s=f"{row.get('time/step') or 0:.1f}",
+                                acc=self._last_accuracy())
+                stop = preemption.requested(self.dist, self.device)  # every rank stops after the same step
+                if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps or stop:
+                    self.save()
+                if stop and self.step < t.steps:
+                    if self.dist.is_main:
+                        print(f"preempted (SIGTERM) after step {self.step}: checkpoint-{self.step} written; "
+                              f"resume=true continues from it", flush=True)
+                    break
         bar.close()
         self.logger.close()
         if self.dist.is_main:
@@ -189,7 +239,7 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, Any]:
         timings: dict[str, float] = {}
-        clock = _Clock(timings)
+        clock = Clock(timings)
         with clock("rollout"):
             batch = self.rollout(step)
         with clock("reward"):
@@ -197,22 +247,20 @@ class Trainer:
         with clock("advantage"):
             self.advantages(batch)
         kept = self.filter_groups(batch)
+        plan = self.plan_update(batch, kept)
         stats: dict[str, Any] = {"update/skipped": 1.0}  # every group filtered out: nothing to learn from
-        learn: list[RolloutBatch] = []
-        if len(kept):
-            shares = self.minibatch_shares(kept)  # one per optimizer step of an inner iteration
-            counts = [self.global_counts(share) for share in shares]  # normalisers count each whole share
-            learn = [self.informative_groups(share) for share in shares]
-            old, ref = self.behaviour_passes(learn, step, clock)
+        if plan is not None:
+            old, ref = self.behaviour_passes(plan.micro, step, clock)
             with clock("update"):
-                stats = self.update(learn, old, ref, step, counts)
+                stats = self.update(plan.micro, old, ref, step, plan.counts)
         timings["step"] = sum(timings.values())
         metrics = self._rollout_metrics(batch)
-        metrics["update/rows_frac"] = sum(len(share) for share in learn) / max(len(batch), 1)
-        metrics["update/groups_kept_frac"] = float(kept.reward_valid.sum()) / max(float(batch.reward_valid.sum()), 1.0)
+        learned = 0 if plan is None else plan.rows
+        metrics["update/rows_frac"] = learned / max(len(batch), 1)
+        metrics["update/groups_kept_frac"] = kept.reward_valid.sum() / batch.reward_valid.sum().clamp(min=1)
         metrics.update(stats)
         metrics.update({f"time/{k}": v for k, v in timings.items()})
-        return reduce_mean_dict(metrics, self.dist, self.device)
+        return reduce_mean_dict(metrics, self.dist, self.device)  # the step's one host transfer of metrics
 
     # ------------------------------------------------------------------ phases
     @torch.no_grad()
@@ -221,7 +269,6 @@ class Trainer:
         G, per_rank = t.group_size, t.prompts_per_step // self.dist.world_size
         first = (step - 1) * t.prompts_per_step + self.dist.rank * per_rank  # data position = f(step)
         examples = [self.example(first + i) for i in range(per_rank)]
-        prompts = [ex["prompt"] for ex in examples for _ in range(G)]
         # Padded to the widest prompt of the whole step (all ranks), so a row's tensors do not depend
         # on how the step is split over processes.
         step_prompts = [self.example((step - 1) * t.prompts_per_step + i)["prompt"]
@@ -230,25 +277,22 @@ class Trainer:
                                            device=self.device)  # [N, P]
         mine = slice(self.dist.rank * per_rank, (self.dist.rank + 1) * per_rank)
         prompt_ids, prompt_mask = all_ids[mine].repeat_interleave(G, 0), all_mask[mine].repeat_interleave(G, 0)
-        # One sampler call per prompt group, with the group's own generator and unpadded prompt: a
-        # group's completions depend on (seed, step, group's data position) only, not on the other
-        # groups nor on the number of processes (1 process and N processes draw the same rollouts).
-        sampler, outs = SAMPLERS.get(self.cfg.rollout.name), []
+        # One sampler call for all of this rank's groups. Each group draws from its own generator, on
+        # the model's device, seeded by (seed, step, the group's data position): its completions are
+        # those of a call on that group alone, so 1 process and N processes draw the same rollouts.
+        generators = RowGenerators([make_generator(derive_seed(self.cfg.seed, "rollout", step, first + i), self.device)
+                                    for i in range(per_rank)], rows_per_generator=G)
+        sampler = SAMPLERS.get(self.cfg.rollout.name)
         self.model.eval()
         with self.autocast, gathered_parameters(self.model):
-            for i in range(per_rank):
-                rows, real = slice(i * G, (i + 1) * G), all_mask[mine][i]
-                g = make_generator(derive_seed(self.cfg.seed, "rollout", step, first + i))
-                outs.append(sampler(self.model, prompt_ids[rows][:, real], prompt_mask[rows][:, real],
-                                    self.cfg.rollout, generator=g, return_trajectory=self.needs_trajectory))
+            out = sampler(self.model, prompt_ids, prompt_mask, self.cfg.rollout, generator=generators,
+                          return_trajectory=self.needs_trajectory)
         self.model.train()
-        out = SampleOutput(completion_ids=torch.cat([o.completion_ids for o in outs]), nfe=sum(o.nfe for o in outs),
-                           trajectory=concat_trajectories([o.trajectory for o in outs]))
         stop_ids = model_stop_ids(self.model)  # EOS and any end-of-turn id (a chat checkpoint's <|im_end|>)
         completions = decode_completions(self.model.tokenizer, out.completion_ids, stop_ids)
         K = t.num_iterations
         seeds = torch.tensor([derive_seed(self.cfg.seed, "mask", step, k) % 2**62 for k in range(K)])
-        B = len(prompts)
+        B = len(prompt_ids)
         batch = RolloutBatch(
             prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=out.completion_ids,
             completion_mask=completion_mask(out.completion_ids, stop_ids),
@@ -258,7 +302,7 @@ class Trainer:
         )
         batch.extras["examples"] = [ex for ex in examples for _ in range(G)]
         batch.extras["nfe"] = out.nfe
-        batch.extras["forward_tokens"] = sum(o.forward_tokens or 0 for o in outs)  # rows x tokens fed (cost)
+        batch.extras["forward_tokens"] = out.forward_tokens or 0  # rows x tokens fed (cost)
         return batch
 
     def score(self, batch: RolloutBatch) -> None:
@@ -279,7 +323,7 @@ class Trainer:
         batch.rewards[invalid] = 0.0 if self.method.advantage.invalid == "zero" else float("nan")
         parts = getattr(self.task, "reward_parts", None) or getattr(getattr(self.task, "reward", None), "last_parts", None)
         if isinstance(parts, dict):
-            batch.extras["reward_parts"] = {k: _nanmean(v) for k, v in parts.items()}
+            batch.extras["reward_parts"] = {k: nanmean(v) for k, v in parts.items()}
 
     def advantages(self, batch: RolloutBatch) -> None:
         from ddrl.objectives import compute_advantages
@@ -290,59 +334,103 @@ class Trainer:
         self.method.prepare(batch)  # per-rollout inputs of the loss (DACA's token weights)
 
     @torch.no_grad()
-    def behaviour_passes(self, shares: list[RolloutBatch], step: int, clock: "_Clock") -> tuple[list, list]:
+    def behaviour_passes(self, micro: list[list[RolloutBatch]], step: int, clock: Clock) -> tuple[list, list]:
         """old[k][m][j] / ref[k][m][j]: proxies of micro-batch j of minibatch m for inner iteration k,
         without grad. They run in the mode the current pass runs in (train), so that with dropout
         disabled (the default) the ratio is exactly 1 before the first update, and with dropout on
-        every pass samples its own dropout masks, as d1 and TRL do."""
-        t = self.cfg.train
-        K = t.num_iterations
-        old: list[list[list[EstimatorOutput | None]]] = [
-            [[None] * len(self.micro_batches(share)) for share in shares] for _ in range(K)]
-        ref = [[list(micro) for micro in row] for row in old]
-        # One update on the rollout with shared masks: old = sg(current), no pass needed.
-        single_update = K == 1 and t.minibatches == 1 and not self.method.fresh_masks
-        if self.method.needs_old and not single_update:
+        every pass samples its own dropout masks, as d1 and TRL do. Padding micro-batches run too:
+        under FSDP every forward is a collective."""
+        K = self.cfg.train.num_iterations
+        old: list[list[list[EstimatorOutput | None]]] = [[[None] * len(share) for share in micro] for _ in range(K)]
+        ref = [[list(share) for share in row] for row in old]
+        if self.method.needs_old:
             with clock("old"), self.autocast:
-                for k, m, j, mb in self._passes(shares):
-                    old[k][m][j] = self.estimator(self.policy, mb, self._seed(mb, step, k, "old")).detach()
+                for k, m, j, mb in self._passes(micro):
+                    if self._old_pass_needed(k, m):
+                        old[k][m][j] = self._estimate(self.policy, mb, step, k, "old").detach()
         if self.method.needs_ref:
             with clock("ref"), self.autocast, self.reference() as ref_model:
-                for k, m, j, mb in self._passes(shares):
-                    ref[k][m][j] = self.estimator(ref_model, mb, self._seed(mb, step, k, "ref")).detach()
+                for k, m, j, mb in self._passes(micro):
+                    ref[k][m][j] = self._estimate(ref_model, mb, step, k, "ref").detach()
         return old, ref
 
-    def global_counts(self, batch: RolloutBatch) -> "AggregationCounts":
-        """Loss normalisers of the whole step: valid tokens, rows and groups over all processes."""
+    def _old_pass_needed(self, k: int, m: int) -> bool:
+        """The first optimizer step (k = 0, share 0) runs on the rollout policy itself: with shared
+        masks and no dropout its old pass IS its current pass, so old = sg(current) and no pass is
+        made. So too with one update per rollout (TRL/d1's num_iterations = 1), dropout or not."""
+        t = self.cfg.train
+        if self.method.fresh_masks or (k, m) != (0, 0):
+            return True
+        return not (t.disable_dropout or (t.num_iterations == 1 and t.minibatches == 1))
+
+    def _estimate(self, model: Any, mb: RolloutBatch, step: int, k: int, role: str) -> EstimatorOutput:
+        mb.extras["inner_iteration"] = k  # the estimator may read which inner iteration it serves (MaskGRPO)
+        return self.estimator(model, mb, self._seed(mb, step, k, role))
+
+    def plan_update(self, batch: RolloutBatch, kept: RolloutBatch) -> "UpdatePlan | None":
+        """The micro-batches of every optimizer step and their loss normalisers, or None when no rank
+        has a group to learn from.
+
+        A share's normalisers count the whole share (uninformative groups included) over all
+        processes. Every rank cuts its share of the step into micro-batches, then pads them with
+        zero-weight ones to the largest count of any rank (at least one, so a step whose gradient is
+        zero still steps the optimizer), so all ranks run the same backward passes and collectives."""
+        shares = self.minibatch_shares(kept)  # train.minibatches shares, some possibly empty
+        cut = [self.micro_batches(share) for share in shares]
+        local = [self._share_counts(share, len(pieces)) for share, pieces in zip(shares, cut)]
+        totals = all_reduce_sum(torch.stack(local), self.dist).tolist()  # [M, 6], one collective
+        informative = [self.informative_groups(share) for share in shares]
+        learn = [self.micro_batches(share) for share in informative]
+        widest = all_reduce_max(torch.tensor([len(pieces) for pieces in learn], device=self.device),
+                                self.dist).tolist()
         from ddrl.objectives import AggregationCounts
 
-        # micro-batches are counted before uninformative groups are skipped: d1's per-micro-batch mean
-        # (aggregation "micro_batch_token_mean") averages over all of them, zero-gradient ones included
-        local = AggregationCounts.from_batch(batch, self.dist.world_size,  # rows with a valid reward
-                                             micro_batches=len(self.micro_batches(batch)))
-        rows = self.method.count_rows(batch)  # TraceRL: one training row per trace state
-        totals = all_reduce_sum(torch.tensor([local.tokens, local.sequences, local.groups or 0.0, local.micro_batches,
-                                              rows or 0.0], dtype=torch.float64, device=self.device), self.dist).tolist()
-        return AggregationCounts(tokens=totals[0], sequences=totals[1], world_size=self.dist.world_size,
-                                 groups=totals[2], micro_batches=totals[3], rows=None if rows is None else totals[4])
+        micro, counts, rows = [], [], 0
+        for share, pieces, total, width in zip(informative, learn, totals, widest):
+            size, tokens, sequences, groups, n_micro, trace_rows = total
+            if size == 0:  # this share is empty on every rank
+                continue
+            rows += len(share)
+            micro.append(pieces + [self._padding(batch)] * (max(int(width), 1) - len(pieces)))
+            counts.append(AggregationCounts(tokens=tokens, sequences=sequences, world_size=self.dist.world_size,
+                                            groups=groups, micro_batches=n_micro,
+                                            rows=trace_rows if self.method.has_rows else None))
+        return UpdatePlan(micro, counts, rows) if micro else None
+
+    def _share_counts(self, share: RolloutBatch, n_micro: int) -> torch.Tensor:
+        """[6] float64: rows, valid tokens, valid sequences, groups, micro-batches and training rows
+        (TraceRL's trace states) of this rank's part of a share, to be summed over ranks."""
+        if len(share) == 0:
+            return torch.zeros(6, dtype=torch.float64, device=self.device)
+        from ddrl.objectives import AggregationCounts
+
+        c = AggregationCounts.from_batch(share, self.dist.world_size, micro_batches=n_micro)
+        rows = self.method.count_rows(share) if self.method.has_rows else 0.0
+        return torch.tensor([len(share), c.tokens, c.sequences, c.groups, c.micro_batches, rows],
+                            dtype=torch.float64, device=self.device)
+
+    def _padding(self, batch: RolloutBatch) -> RolloutBatch:
+        """A zero-weight micro-batch: the rank's first micro-batch of the whole rollout, its rewards
+        made valid so that it has rows to compute (TraceRL's state rows need them). Its loss is 0 x
+        its log-probs: zero gradients, the same collectives as a real micro-batch."""
+        full = batch.index(torch.arange(len(batch), device=batch.rewards.device))
+        full.rewards = torch.zeros_like(full.rewards)
+        full.advantages = torch.zeros_like(full.advantages)
+        mb = self.micro_batches(full)[0]
+        mb.extras["padding"] = True
+        return mb
 
     def filter_groups(self, batch: RolloutBatch) -> RolloutBatch:
         """The groups train.group_filter keeps: mean valid reward within [lo, hi] (all when unset).
-        A group left out is not trained on and not counted, as in dLLM-RL's data filter. With one
-        process its rows are dropped; with several they stay as rows without a valid reward (no loss,
-        not counted), so that every rank runs the same passes and collectives."""
+        A group left out is not trained on and not counted, as in dLLM-RL's data filter; each rank
+        drops its own (plan_update pads the ranks left with fewer micro-batches)."""
         from ddrl.objectives.advantages import groups_in_band
 
         bounds = self.cfg.train.group_filter
         if bounds is None:
             return batch
         keep = groups_in_band(batch.rewards, batch.group_ids, bounds[0], bounds[1])
-        if self.dist.world_size == 1:
-            return batch.index(keep.nonzero().squeeze(1))
-        out = batch.index(torch.arange(len(batch), device=keep.device))  # a copy: metrics keep the rewards
-        out.rewards = torch.where(keep, out.rewards, torch.full_like(out.rewards, float("nan")))
-        out.advantages = torch.where(keep, out.advantages, torch.zeros_like(out.advantages))
-        return out
+        return batch.index(keep.nonzero().squeeze(1))
 
     def informative_groups(self, batch: RolloutBatch) -> RolloutBatch:
         """The groups that carry a gradient: those with a non-zero advantage, when every loss term of
@@ -350,49 +438,56 @@ class Trainer:
         all-right or all-wrong, so this removes most of the old/ref/update compute. The losses are
         still divided by the whole step's counts, so the gradient is the one the full batch gives
         (exactly, for estimators without random masks; in distribution otherwise, since a row's
-        masks depend on its place in the batch). At least one group is kept: a step whose gradient
-        is zero still steps the optimizer, as it would have on the full batch. One process only:
-        with DDP every rank must run the same number of backward passes."""
-        if not self.cfg.train.skip_uninformative or self.dist.world_size > 1 or not self.method.skip_safe:
+        masks depend on its place in the batch)."""
+        if not self.cfg.train.skip_uninformative or not self.method.skip_safe or len(batch) == 0:
             return batch
         groups = batch.group_ids
-        n_groups = int(groups.max()) + 1
+        n_groups = self.cfg.train.prompts_per_step // self.dist.world_size  # a rank's group ids: 0 .. n - 1
         signal = torch.zeros(n_groups, device=groups.device).index_add(0, groups, (batch.advantages != 0).float())
         keep = signal[groups] > 0  # [B]
-        if not keep.any():
-            keep = groups == groups[0]
-        if keep.all():
-            return batch
         return batch.index(keep.nonzero().squeeze(1))
 
-    def update(self, shares: list[RolloutBatch], old: list, ref: list, step: int,
+    def update(self, micro: list[list[RolloutBatch]], old: list, ref: list, step: int,
                counts: list["AggregationCounts"]) -> dict[str, Any]:
         """mu inner iterations; in each, one optimizer step per minibatch share, its loss normalised
-        by that share's global counts (a share is the whole step when train.minibatches = 1)."""
+        by that share's global counts (a share is the whole step when train.minibatches = 1). Stats
+        stay tensors on the device; the one host sync of an optimizer step is the finite check."""
         t = self.cfg.train
-        n_updates = t.num_iterations * len(shares)
-        sums: dict[str, float] = {}
+        n_updates = t.num_iterations * len(micro)
+        sums: dict[str, Any] = {}
+
+        def add(name: str, value: Any, weight: float) -> None:
+            value = value.detach().float() if isinstance(value, torch.Tensor) else float(value)
+            sums[name] = sums.get(name, 0.0) + value * weight
+
         for k in range(t.num_iterations):
-            for m, share in enumerate(shares):
+            for m, share in enumerate(micro):
                 self.opt.zero_grad(set_to_none=True)
-                total = 0.0
-                micro = self.micro_batches(share, k)
-                for j, mb in enumerate(micro):
-                    with self.autocast:
-                        new = self.estimator(self.policy, mb, self._seed(mb, step, k, "cur"))
-                        o = old[k][m][j] if old[k][m][j] is not None else (
-                            new.detach() if self.objective.needs_old else None)
-                        out = self.method.loss(mb, new, o, ref[k][m][j], counts[m])
-                    with gradient_sync(self.wrapped, enabled=j == len(micro) - 1):  # one all-reduce a step
-                        (out.loss * self.dist.world_size).backward()  # DDP averages; we want the global sum
-                    total += out.loss.detach().item()
-                    for name, v in out.stats.items():
-                        sums[name] = sums.get(name, 0.0) + float(v) / (n_updates * len(micro))
+                total = torch.zeros((), device=self.device)
+                real = max(1, sum(not mb.extras.get("padding") for mb in share))
+                for j, mb in enumerate(share):
+                    # one all-reduce a step; DDP decides in forward whether the backward syncs: both inside
+                    with gradient_sync(self.wrapped, enabled=j == len(share) - 1):
+                        with self.autocast:
+                            new = self._estimate(self.policy, mb, step, k, "cur")
+                            if mb.extras.get("padding"):
+                                loss, stats = zero_loss(new), {}
+                            else:
+                                o = old[k][m][j] if old[k][m][j] is not None else (
+                                    new.detach() if self.objective.needs_old else None)
+                                out = self.method.loss(mb, new, o, ref[k][m][j], counts[m])
+                                loss, stats = out.loss, out.stats
+                        (loss * self.dist.world_size).backward()  # DDP averages; we want the global sum
+                    total = total + loss.detach().float()
+                    for name, v in stats.items():
+                        add(name, v, 1.0 / (n_updates * real))
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.max_grad_norm or float("inf"))
-                if not (math.isfinite(total) and torch.isfinite(grad_norm)):
+                if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
+                    grad_norm = grad_norm.full_tensor()
+                if not bool(torch.isfinite(total) & torch.isfinite(grad_norm)):  # the step's one host sync
                     self.opt.zero_grad(set_to_none=True)
                     self.bad_steps += 1
-                    sums["nonfinite_steps"] = sums.get("nonfinite_steps", 0.0) + 1
+                    add("nonfinite_steps", 1.0, 1.0)
                     if self.bad_steps >= t.max_bad_steps:
                         raise NonFiniteError(
                             f"{self.bad_steps} optimizer steps in a row had a non-finite loss or gradient (step {step}); "
@@ -402,8 +497,8 @@ class Trainer:
                 self.opt.step()
                 self.optimizer_steps += 1
                 self.sched.step()
-                sums["loss"] = sums.get("loss", 0.0) + total / n_updates
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm.item() / n_updates
+                add("loss", total, 1.0 / n_updates)
+                add("grad_norm", grad_norm, 1.0 / n_updates)
         sums["lr"] = self.sched.get_last_lr()[0]
         sums["optimizer_steps"] = float(self.optimizer_steps)  # cumulative: the peers' unit of run length
         return sums
@@ -434,46 +529,54 @@ class Trainer:
         return int(batch.mask_seeds[self.method.mask_seed_iteration(k)])
 
     def minibatch_shares(self, batch: RolloutBatch) -> list[RolloutBatch]:
-        """train.minibatches consecutive shares of whole groups, one optimizer step each."""
+        """train.minibatches consecutive shares of this rank's whole groups, one optimizer step each
+        (with several processes an optimizer step takes share m of every rank). A share may be empty
+        (a filter left fewer groups than shares): plan_update drops shares empty on every rank."""
         n = self.cfg.train.minibatches
         if n == 1:
             return [batch]
         G = self.cfg.train.group_size
         groups = len(batch) // G  # whole groups, in order (a filter may have left gaps in their ids)
         bounds = [round(i * groups / n) for i in range(n + 1)]
-        return [batch.index(slice(lo * G, hi * G)) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+        return [batch.index(slice(lo * G, hi * G)) for lo, hi in zip(bounds, bounds[1:])]
 
-    def _passes(self, shares: list[RolloutBatch]) -> Iterator[tuple[int, int, int, RolloutBatch]]:
+    def _passes(self, micro: list[list[RolloutBatch]]) -> Iterator[tuple[int, int, int, RolloutBatch]]:
         """(k, m, j, micro-batch) of every inner iteration k, share m and micro-batch j."""
         for k in range(self.cfg.train.num_iterations):
-            for m, share in enumerate(shares):
-                for j, mb in enumerate(self.micro_batches(share, k)):
+            for m, share in enumerate(micro):
+                for j, mb in enumerate(share):
                     yield k, m, j, mb
 
-    def micro_batches(self, batch: RolloutBatch, k: int = 0) -> list[RolloutBatch]:
-        """Slices of whole groups (group-level normalisations need the full group)."""
+    def micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
+        """Slices of whole groups (group-level normalisations need the full group); with
+        train.micro_batch_rows, the estimator's own row chunks: TraceRL's (sample, state) rows,
+        sample-major, cut every N rows as dLLM-RL does, each micro-batch the samples it touches with
+        extras["trace_states"] naming the states to compute (a sample may span two micro-batches;
+        its loss is per row, so nothing needs the whole group)."""
         t = self.cfg.train
+        if len(batch) == 0:
+            return []
+        if t.micro_batch_rows:
+            return self.method.row_chunks(batch, t.micro_batch_rows)
         size = t.micro_batch_size or len(batch)
         rows = max(1, size // t.group_size) * t.group_size
-        out = []
-        for lo in range(0, len(batch), rows):
-            mb = batch.index(slice(lo, lo + rows))
-            mb.extras["inner_iteration"] = k
-            out.append(mb)
-        return out
+        return [batch.index(slice(lo, lo + rows)) for lo in range(0, len(batch), rows)]
 
     def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, Any]:
+        """Device tensors (and floats): reduce_mean_dict copies them to the host once per step."""
         r = batch.rewards
         valid = torch.isfinite(r)
-        rv = r[valid]
+        n_valid = valid.sum()
+        mean = torch.where(valid, r, 0.0).sum() / n_valid  # NaN when no reward is valid
+        var = torch.where(valid, (r - mean) ** 2, 0.0).sum() / (n_valid - 1).clamp(min=1)
         m: dict[str, Any] = {
-            "reward/mean": rv.mean().item() if rv.numel() else float("nan"),
-            "reward/std": rv.std().item() if rv.numel() > 1 else 0.0,
-            "reward/invalid_frac": 1 - valid.float().mean().item(),
-            "completion/length": batch.completion_mask.float().sum(1).mean().item(),
+            "reward/mean": mean,
+            "reward/std": torch.where(n_valid > 1, var.sqrt(), 0.0),
+            "reward/invalid_frac": 1 - valid.float().mean(),
+            "completion/length": batch.completion_mask.float().sum(1).mean(),
             "rollout/model_calls": float(batch.extras.get("nfe", 0)),
             "rollout/forward_tokens": float(batch.extras.get("forward_tokens") or 0),
-            "advantage/abs_mean": batch.advantages.abs().mean().item(),
+            "advantage/abs_mean": batch.advantages.abs().mean(),
         }
         for name, v in batch.extras.get("reward_parts", {}).items():
             m[f"reward/{name}"] = v
@@ -488,9 +591,10 @@ class Trainer:
         sampler = SamplerConfig(**{**vars(self.cfg.rollout), "temperature": e.temperature,
                                    "steps": e.steps or self.cfg.rollout.steps})
         samples_path = self.run_dir / "eval" / f"step-{step}.jsonl" if self.dist.is_main else None
-        with gathered_parameters(self.model):  # FSDP2: ranks make different numbers of model calls
+        with self.autocast, gathered_parameters(self.model):  # FSDP2: ranks make different numbers of calls
+            # each rank evaluates its share of the examples; the results are gathered on every rank
             result = evaluate(self.model, self.task, n=e.n, sampler=sampler, seed=self.cfg.seed,
-                              output_jsonl=samples_path, split=e.split)
+                              output_jsonl=samples_path, split=e.split, shard=self.dist.enabled)
         self.eval_history.append({"step": step, **{k: result[k] for k in ("accuracy", "mean_reward")}})
         if self.dist.is_main and samples_path is not None and e.samples_to_log:
             lines = samples_path.read_text().splitlines()[: e.samples_to_log]
@@ -504,24 +608,19 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> None:
-        model_state, optimizer_state = gather_full_state(self.model, self.opt)  # collective under FSDP2
-        if not self.dist.is_main:
-            return
-        state = {"step": self.step, "optimizer_steps": self.optimizer_steps, "optimizer": optimizer_state,
-                 "scheduler": self.sched.state_dict(),
+        """A checkpoint of the step (collective: every rank calls it). Sharded under FSDP by default
+        (train.sharded_checkpoints): each rank writes its own shard, nothing is gathered."""
+        state = {"step": self.step, "optimizer_steps": self.optimizer_steps, "scheduler": self.sched.state_dict(),
                  "bad_steps": self.bad_steps, "eval_history": self.eval_history, "data_position": self.step}
-        ckpt.save_checkpoint(self.run_dir, self.step, GatheredModel(self.model, model_state), state,
-                             keep=self.cfg.train.keep_checkpoints)
+        ckpt.save_training_checkpoint(self.run_dir, self.step, self.model, self.opt, state, dist=self.dist,
+                                      sharded=self.sharded_checkpoints, keep=self.cfg.train.keep_checkpoints)
 
     def _resume(self) -> None:
-        from ddrl.models import load_model
-
         last = ckpt.latest_checkpoint(self.run_dir)
         if last is None:
             return  # nothing to resume: start fresh
-        state = ckpt.load_trainer_state(last)
-        loaded = load_model(last, trust_remote_code=self.cfg.model.trust_remote_code)
-        load_full_state(self.model, self.opt, loaded.state_dict(), state["optimizer"])  # any strategy
+        state = ckpt.load_training_checkpoint(last, self.model, self.opt,  # full or sharded, any strategy
+                                              trust_remote_code=self.cfg.model.trust_remote_code)
         self.sched.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
         self.bad_steps = int(state.get("bad_steps", 0))
@@ -529,59 +628,13 @@ class Trainer:
         self.eval_history = list(state.get("eval_history", []))
 
 
-# Attention layers apply dropout functionally (scaled_dot_product_attention's dropout_p) from a float
-# attribute; these are the names the native families and the built-in Denoiser use.
-_FUNCTIONAL_DROPOUT = ("attention_dropout", "dropout", "attn_dropout")
+@dataclass
+class UpdatePlan:
+    """The update of one RL step, the same shape on every rank."""
 
-
-def disable_dropout(model: torch.nn.Module) -> None:
-    """p = 0 in every dropout layer (LoRA's included) and every functional attention dropout, so the
-    RL passes compute a deterministic function. Eval mode would do it too, but it would also switch
-    off per-layer activation checkpointing, which keys on `training`."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
-            module.p = 0.0
-        for name in _FUNCTIONAL_DROPOUT:
-            if isinstance(getattr(module, name, None), float):
-                setattr(module, name, 0.0)
-
-
-class _Clock:
-    """`with clock("rollout"):` adds the block's wall time to timings["rollout"]."""
-
-    def __init__(self, timings: dict[str, float]):
-        self.timings = timings
-
-    @contextlib.contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
-
-
-def concat_trajectories(parts: list[Trajectory | None]) -> Trajectory | None:
-    """Stack the trajectories of several sampler calls along the batch. Calls that stopped early
-    (early exit, threshold decoding) have fewer steps S: their last step is repeated, which is what
-    a batched call records for a row whose positions are all committed."""
-    if not parts or parts[0] is None:
-        return None
-    S = max(p.token_probs.shape[1] for p in parts)
-
-    def pad_steps(x: torch.Tensor | None) -> torch.Tensor | None:  # [b, s, L] -> [b, S, L]
-        return None if x is None else torch.cat([x, x[:, -1:].expand(-1, S - x.shape[1], -1)], dim=1)
-
-    longest = max(parts, key=lambda p: p.token_probs.shape[1])
-    states = [pad_steps(p.states) for p in parts]
-    return Trajectory(commit_step=torch.cat([p.commit_step for p in parts]),
-                      token_probs=torch.cat([pad_steps(p.token_probs) for p in parts]),
-                      states=None if states[0] is None else torch.cat(states), step_times=longest.step_times)
-
-
-def _nanmean(values: list[Any]) -> float:
-    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    return sum(xs) / len(xs) if xs else float("nan")
+    micro: list[list[RolloutBatch]]  # micro-batches of each optimizer-step share, padded to equal counts
+    counts: list["AggregationCounts"]  # each share's loss normalisers, summed over ranks
+    rows: int  # rows of this rank's real (not padding) micro-batches, for update/rows_frac
 
 
 def train(config: str | Path | dict | RLConfig, overrides: list[str] | None = None) -> Path:

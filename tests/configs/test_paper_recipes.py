@@ -114,7 +114,7 @@ def _model_dir(family: str, tmp_path: Path) -> Path:
 def _shrink(cfg: RLConfig, family: str, tmp_path: Path) -> list[str]:
     """Overrides that keep the recipe's method, task and options but make the run tiny."""
     t = cfg.train
-    out = [f"model.path={_model_dir(family, tmp_path)}", "model.dtype=float32", "model.bf16_autocast=false",
+    out = [f"model.path={_model_dir(family, tmp_path)}", "model.dtype=float32", "model.mixed_precision=none",
            "train.steps=1", "train.prompts_per_step=2", "train.group_size=2", "train.micro_batch_size=null",
            f"train.minibatches={min(t.minibatches, 2)}", f"train.num_iterations={min(t.num_iterations, 2)}",
            "train.tensorboard=false", "train.progress=false", "train.save_every=0",
@@ -163,7 +163,7 @@ def test_recipe_states_its_units_and_precision(path):
         assert re.search(rf"^base: \.\./{path.parent.name}_\w+\.yaml$", text, re.M), (
             f"{path}: a per-task recipe starts with base: ../{path.parent.name}_<model>.yaml")
     if cfg.model.lora.rank == 0:
-        assert (cfg.model.dtype, cfg.model.bf16_autocast, cfg.dist.strategy) == ("float32", True, "fsdp"), (
+        assert (cfg.model.dtype, cfg.model.mixed_precision, cfg.dist.strategy) == ("float32", "bf16", "fsdp"), (
             f"{path}: full fine-tuning keeps fp32 master weights with bf16 compute under FSDP")
     else:
         assert cfg.model.dtype == "bfloat16", f"{path}: LoRA recipes keep a bf16 base"

@@ -99,6 +99,7 @@ def _agreement_worker(out: str) -> None:
     tdist.all_gather_object(every, stopped)
     if info.is_main:
         Path(out).write_text(json.dumps(every))
+    tdist.destroy_process_group()  # else gloo's threads may abort the exit ("terminate called ...")
 
 
 if __name__ == "__main__":

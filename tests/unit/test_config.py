@@ -104,7 +104,7 @@ def test_bf16_full_fine_tuning_is_refused_before_any_compute():
 
     from ddrl.training.common import build_optimizer
 
-    with pytest.raises(ConfigError, match="bfloat16 with full fine-tuning.*model.dtype=float32 model.bf16_autocast"):
+    with pytest.raises(ConfigError, match="bfloat16 with full fine-tuning.*model.dtype=float32 model.mixed_precision=bf16"):
         load_config(None, ["model.path=x", "model.dtype=bfloat16"], RLConfig)
     load_config(None, ["model.path=x", "model.dtype=bfloat16", "model.lora.rank=8"], RLConfig)  # LoRA: fp32 adapters
     with pytest.raises(ValueError, match="rounds to zero"):
@@ -114,3 +114,36 @@ def test_bf16_full_fine_tuning_is_refused_before_any_compute():
     w.grad = torch.ones_like(w)
     torch.optim.AdamW([w], lr=1e-6, weight_decay=0.0).step()
     assert torch.equal(w.detach(), torch.full((4,), 0.02, dtype=torch.bfloat16))
+
+
+def test_mixed_precision_is_one_knob_and_older_configs_still_load(tmp_path):
+    assert load_config(None, ["model.mixed_precision=bf16"], RLConfig).model.bf16_autocast
+    with pytest.raises(ConfigError, match="model.mixed_precision='fp8' is not valid; choose one of: none, bf16"):
+        load_config(None, ["model.mixed_precision=fp8"], RLConfig)
+    # an older run's config.yaml: bf16_autocast is read as mixed_precision, and a later source wins
+    (tmp_path / "old.yaml").write_text("model:\n  dtype: float32\n  bf16_autocast: true\n")
+    cfg = load_config(tmp_path / "old.yaml", cls=RLConfig)
+    assert cfg.model.mixed_precision == "bf16" and "bf16_autocast" not in vars(cfg.model)
+    assert load_config(tmp_path / "old.yaml", ["model.bf16_autocast=false"], RLConfig).model.mixed_precision == "none"
+    assert load_config(tmp_path / "old.yaml", ["model.mixed_precision=none"], RLConfig).model.mixed_precision == "none"
+    (tmp_path / "both.yaml").write_text("model:\n  bf16_autocast: true\n  mixed_precision: none\n")
+    with pytest.raises(ConfigError, match="contradicts model.mixed_precision=none"):
+        load_config(tmp_path / "both.yaml", cls=RLConfig)
+    (tmp_path / "child.yaml").write_text("base: old.yaml\nmodel:\n  mixed_precision: none\n")
+    assert load_config(tmp_path / "child.yaml", cls=RLConfig).model.mixed_precision == "none"
+
+
+def test_micro_batch_rows_needs_an_estimator_with_rows():
+    cfg = load_config(None, ["objective=tracerl", "train.micro_batch_rows=4"], RLConfig)
+    assert cfg.train.micro_batch_rows == 4
+    with pytest.raises(ConfigError, match="train.micro_batch_rows cuts an estimator's own training rows"):
+        load_config(None, ["objective=grpo", "train.micro_batch_rows=4"], RLConfig)
+    with pytest.raises(ConfigError, match="train.micro_batch_rows must be >= 1"):
+        load_config(None, ["objective=tracerl", "train.micro_batch_rows=0"], RLConfig)
+
+
+def test_sharded_checkpoints_is_auto_true_or_false():
+    assert load_config(None, [], RLConfig).train.sharded_checkpoints == "auto"
+    assert load_config(None, ["train.sharded_checkpoints=true"], RLConfig).train.sharded_checkpoints is True
+    with pytest.raises(ConfigError, match="train.sharded_checkpoints='sometimes' is not valid"):
+        load_config(None, ["train.sharded_checkpoints=sometimes"], RLConfig)
