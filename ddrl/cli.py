@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=None,
                    help="examples to evaluate (default 200; with --protocol the whole test set)")
     p.add_argument("--k", type=int, default=1, help="samples per example for pass@k (default 1)")
-    p.add_argument("--split", default="test", choices=["test", "train"], help="which split (default test)")
+    p.add_argument("--split", default="test", choices=["test", "dev", "train"],
+                   help="which split (default test, the sealed one for reported numbers; dev for choices)")
     p.add_argument("--seed", type=int, default=0, help="example and sampling seed")
     p.add_argument("--batch-size", type=int, default=None,
                    help="prompts per sampler call (default 64; with --protocol the paper's)")

@@ -175,7 +175,9 @@ class EvalConfig:
     temperature: float = 0.0  # sampler temperature at evaluation (0 = greedy)
     steps: int | None = None  # sampler steps at evaluation; None = the rollout's
     samples_to_log: int = 4  # completions written to samples.jsonl per evaluation
-    split: str = "test"  # test | train (with train.prompt_pool: the prompts RL trains on, for n <= pool)
+    # test (sealed: report) | dev (choose recipes, learning rates, checkpoints) | train (with
+    # train.prompt_pool: the prompts RL trains on, for n <= pool)
+    split: str = "test"
     before: bool = True  # evaluate the base model before training
 
 
@@ -529,7 +531,7 @@ def validate(cfg: Any) -> None:
                               f"auto, true, false")
         if t.prompt_pool is not None and t.prompt_pool < 1:
             raise ConfigError(f"train.prompt_pool must be >= 1 (or null for new prompts every step), got {t.prompt_pool}")
-        _choice(cfg.eval.split, ("test", "train"), "eval.split")
+        _choice(cfg.eval.split, ("test", "dev", "train"), "eval.split")  # ddrl.tasks.base.SPLITS
         _choice(cfg.dist.strategy, ("auto", "none", "ddp", "fsdp"), "dist.strategy")
     if isinstance(cfg, PretrainConfig):
         _choice(cfg.train.lr_schedule, ("constant", "cosine", "linear"), "train.lr_schedule")

@@ -109,7 +109,9 @@ def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerCon
     shard: split the examples over the ranks of torch.distributed's default group (every rank must
     call); each rank samples its share and every rank gets the whole, gathered result.
     """
+    from ddrl.eval.stats import score_estimate
     from ddrl.tasks import get_task
+    from ddrl.tasks.base import cluster_keys, split_examples
 
     if isinstance(task, str):
         task = get_task(task)
@@ -129,15 +131,20 @@ def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerCon
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if examples is None:
-        if split == "train":
-            examples = task.train_examples(n=n, seed=seed)
-        else:
-            examples = task.test_examples(n=n, seed=seed)
+        examples = split_examples(task, split, n, seed)
     if not examples:
         raise ValueError(f"task {task.name!r} returned no {split} examples; check its data path/arguments")
     rows, stats = sample_and_score(model, examples, sampler, task_scoring(task), seed=seed, k=k,
                                    batch_size=batch_size, shard=shard)
-    result = {"task": task.name, **summarize(rows), "k": k, "sampler": dataclasses.asdict(sampler), **stats}
+    clusters = cluster_keys(task, examples)
+    if clusters is not None:  # what the bootstrap resamples (a Sudoku's solution grid), kept with the rows
+        for row, cluster in zip(rows, clusters):
+            row["cluster"] = str(cluster[1])
+    result = {"task": task.name, "split": split, **summarize(rows), "k": k, "sampler": dataclasses.asdict(sampler),
+              **stats}
+    estimate = score_estimate(first_scores(rows), clusters=clusters)
+    result["accuracy_interval"] = [estimate.lo, estimate.hi]  # 95%: Wilson, or the (cluster) bootstrap
+    result["interval"] = estimate.as_dict()
     if k > 1:
         result.update(pass_at_k(rows, k))
     if output_jsonl is not None:
@@ -236,11 +243,15 @@ def _sample_rows(model: Any, examples: list[dict], indices: list[int], sampler: 
     return rows, nfe
 
 
+def first_scores(rows: list[dict[str, Any]]) -> list[float]:
+    """Each example's accuracy: its first sample's per-item metric, else its correct verdict (1/0)."""
+    return [float(row["metric"][0] if "metric" in row else row["correct"][0]) for row in rows]
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """n, accuracy (mean per-item metric of each example's first sample, else its correct), mean_reward."""
+    """n, accuracy (the mean of first_scores), mean_reward."""
     valid = [r for row in rows for r in row["rewards"] if r is not None and math.isfinite(r)]
-    first = [row["metric"][0] if "metric" in row else row["correct"][0] for row in rows]
-    return {"n": len(rows), "accuracy": sum(first) / len(rows),
+    return {"n": len(rows), "accuracy": sum(first_scores(rows)) / len(rows),
             "mean_reward": sum(valid) / len(valid) if valid else 0.0}
 
 

@@ -21,7 +21,7 @@ Randomness is explicit: a seed or a numpy Generator, never the global RNG.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from statistics import NormalDist
 from typing import Any, Hashable, Sequence
 
@@ -40,7 +40,8 @@ class Estimate:
     hi: float
     n: int
     clusters: int | None = None
-    method: str = "bootstrap"  # "wilson" | "bootstrap" | "cluster_bootstrap" | "paired_bootstrap" | ...
+    # "wilson" | "bootstrap" | "cluster_bootstrap" | "cluster_bootstrap_or_wilson" | "paired_bootstrap" | ...
+    method: str = "bootstrap"
     level: float = 0.95
 
     @property
@@ -150,9 +151,18 @@ def score_estimate(values: Sequence[float], *, clusters: Sequence[Hashable] | No
     """The interval a reported score gets: Wilson when the values are 0/1 verdicts of independent
     examples, else the (cluster) bootstrap."""
     array = _as_values(values)
-    if clusters is None and np.isin(array, (0.0, 1.0)).all():
+    binary = bool(np.isin(array, (0.0, 1.0)).all())
+    if clusters is None and binary:
         return rate_estimate(int(array.sum()), len(array), level)
-    return mean_estimate(array, clusters=clusters, level=level, n_boot=n_boot, seed=seed)
+    boot = mean_estimate(array, clusters=clusters, level=level, n_boot=n_boot, seed=seed)
+    if not binary:
+        return boot
+    # 0/1 verdicts in clusters: the bootstrap collapses to a point when every verdict agrees (100%
+    # solved), so the interval is the wider of the cluster bootstrap and Wilson's (never narrower
+    # than the independent-examples interval).
+    wilson = rate_estimate(int(array.sum()), len(array), level)
+    return replace(boot, lo=min(boot.lo, wilson.lo), hi=max(boot.hi, wilson.hi),
+                   method="cluster_bootstrap_or_wilson")
 
 
 # --------------------------------------------------------------------------- internals

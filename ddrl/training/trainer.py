@@ -595,13 +595,16 @@ class Trainer:
             # each rank evaluates its share of the examples; the results are gathered on every rank
             result = evaluate(self.model, self.task, n=e.n, sampler=sampler, seed=self.cfg.seed,
                               output_jsonl=samples_path, split=e.split, shard=self.dist.enabled)
-        self.eval_history.append({"step": step, **{k: result[k] for k in ("accuracy", "mean_reward")}})
+        self.eval_history.append({"step": step, "split": e.split,
+                                  **{k: result[k] for k in ("n", "accuracy", "accuracy_interval", "mean_reward")}})
         if self.dist.is_main and samples_path is not None and e.samples_to_log:
             lines = samples_path.read_text().splitlines()[: e.samples_to_log]
             with (self.run_dir / "samples.jsonl").open("a") as f:
                 for line in lines:
                     f.write(f'{{"step": {step}, "sample": {line}}}\n')
-        return {"eval/accuracy": result["accuracy"], "eval/mean_reward": result["mean_reward"]}
+        lo, hi = result["accuracy_interval"]  # 95% (ddrl.eval.stats.score_estimate)
+        return {"eval/accuracy": result["accuracy"], "eval/accuracy_lo": lo, "eval/accuracy_hi": hi,
+                "eval/mean_reward": result["mean_reward"]}
 
     def _last_accuracy(self) -> str:
         return f"{self.eval_history[-1]['accuracy']:.2f}" if self.eval_history else "-"

@@ -19,6 +19,9 @@ def test_eval_json_prints_one_object(tiny_sudoku_model, tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {"task", "n", "accuracy", "mean_reward"} <= set(result) and result["n"] == 6
     assert 0.0 <= result["accuracy"] <= 1.0 and len(out.read_text().splitlines()) == 6
+    lo, hi = result["accuracy_interval"]  # 95%, over Sudoku solution grids: never a point at n=6
+    assert result["split"] == "test" and lo <= result["accuracy"] <= hi and hi - lo > 0.2
+    assert result["interval"]["n"] == 6 and result["interval"]["method"] == "cluster_bootstrap_or_wilson"
 
 
 def test_sample_fits_the_context_by_default(tiny_sudoku_model):
@@ -58,3 +61,6 @@ def test_demo_runs_end_to_end_on_the_shipped_model(tmp_path):
     assert (tmp_path / "demo" / "reward_curve.png").stat().st_size > 0
     rows = [json.loads(line) for line in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1] and rows[0]["eval_before/accuracy"] <= 1.0  # logged with step 1
+    assert rows[0]["eval/accuracy_lo"] <= rows[0]["eval/accuracy"] <= rows[0]["eval/accuracy_hi"]
+    gain = [line for line in proc.stdout.splitlines() if "gain on the test split, same 16 examples" in line]
+    assert len(gain) == 1 and "[" in gain[0] and "n=16" in gain[0], proc.stdout

@@ -124,7 +124,11 @@ def test_score_estimate_picks_the_interval_the_protocol_asks_for():
     assert score_estimate(verdicts).lo == pytest.approx(wilson_interval(75, 100)[0])
     assert score_estimate([0.5, 0.25, 1.0, 0.0] * 25).method == "bootstrap"  # partial credit
     clustered = score_estimate(verdicts, clusters=[i // 4 for i in range(100)])
-    assert clustered.method == "cluster_bootstrap" and clustered.clusters == 25
+    assert clustered.method == "cluster_bootstrap_or_wilson" and clustered.clusters == 25
+    assert clustered.lo <= wilson_interval(75, 100)[0] and clustered.hi >= wilson_interval(75, 100)[1]
+    solved = score_estimate([1.0] * 64, clusters=[i // 2 for i in range(64)])  # every verdict agrees
+    assert solved.hi == 1.0 and solved.lo == pytest.approx(wilson_interval(64, 64)[0])  # not the bootstrap's point
+    assert score_estimate([0.5, 0.25, 1.0, 0.0] * 25, clusters=[i // 4 for i in range(100)]).method == "cluster_bootstrap"
     gain = gain_estimate([0.0] * 50 + [1.0] * 50, [1.0] * 100)
     assert gain.mean == 0.5 and gain.excludes_zero and gain.method == "paired_bootstrap"
 
