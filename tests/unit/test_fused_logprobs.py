@@ -27,6 +27,7 @@ from ddrl.models.backbone import head_linear
 from ddrl.models.diffusion_lm import DiffusionLM
 from ddrl.models.transformer import Denoiser, DenoiserConfig
 from ddrl.ops.logprobs import SUPPRESSED_LOGIT, HeadLinear, target_logprobs
+from tests.unit.test_logits_to_keep import HeadInputs  # records what the LM head sees
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 V, D, MASK = 40, 12, 39
@@ -51,18 +52,6 @@ class VocabTensors(TorchDispatchMode):
                 self.largest = max(self.largest, t.numel())
                 self.ops.add(str(func))
         return out
-
-
-class HeadInputs:
-    def __init__(self, head: nn.Module):
-        self.shapes: list[tuple[int, ...]] = []
-        self.handle = head.register_forward_pre_hook(lambda _m, args: self.shapes.append(tuple(args[0].shape)))
-
-    def __enter__(self) -> "HeadInputs":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.handle.remove()
 
 
 def reference(hidden, targets, weight, bias=None, scale=None, suppressed=None, class_range=None):
