@@ -48,22 +48,37 @@ def run_compare(config: str, methods: list[str] | None = None, steps: int = 30,
 
 
 def _summarise(method: str, trainer: Any, seconds: float, nonfinite: bool, target: float | None) -> dict[str, Any]:
+    """base / final: the sealed report split before and after (with n and 95% intervals); best and
+    steps to target: the periodic evaluations on eval.split (dev), which are for choosing."""
     hist = trainer.eval_history
-    base = hist[0]["accuracy"] if hist else float("nan")
-    final = hist[-1]["accuracy"] if hist else float("nan")
+    report = trainer.report
+    first = report.get("before") or (hist[0] if hist else None)
+    last = report.get("after") or (hist[-1] if hist else None)
+    base = first["accuracy"] if first else float("nan")
+    final = last["accuracy"] if last else float("nan")
     best = max((h["accuracy"] for h in hist), default=float("nan"))
-    goal = target if target is not None else base + 0.5 * (1 - base)  # halfway to perfect
+    dev_base = hist[0]["accuracy"] if hist else base
+    goal = target if target is not None else dev_base + 0.5 * (1 - dev_base)  # halfway to perfect
     reached = next((h["step"] for h in hist if h["accuracy"] >= goal and h["step"] > 0), None)
     return {"method": method, "base": base, "final": final, "best": best, "target": round(goal, 3),
             "steps_to_target": reached, "seconds": round(seconds, 1),
-            "collapsed": bool(nonfinite or final < base - 0.10)}
+            "collapsed": bool(nonfinite or final < base - 0.10),
+            "report_split": last["split"] if last else None, "n": last["n"] if last else None,
+            "base_interval": first.get("accuracy_interval") if first else None,
+            "final_interval": last.get("accuracy_interval") if last else None}
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
-    lines = ["| method | base | final | best | steps to target | wall time (s) | collapsed |",
+    lines = ["| method | base (report split) | final (report split) | best (dev) | steps to target (dev) | "
+             "wall time (s) | collapsed |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
+
+    def score(value: float, interval: list[float] | None) -> str:
+        return f"{value:.1%}" + (f" [{interval[0]:.1%}, {interval[1]:.1%}]" if interval else "")
+
     for r in results:
-        lines.append(f"| {r['method']} | {r['base']:.1%} | {r['final']:.1%} | {r['best']:.1%} | "
+        lines.append(f"| {r['method']} | {score(r['base'], r.get('base_interval'))} | "
+                     f"{score(r['final'], r.get('final_interval'))} | {r['best']:.1%} | "
                      f"{r['steps_to_target'] if r['steps_to_target'] is not None else '-'} (>= {r['target']:.0%}) | "
                      f"{r['seconds']:.0f} | {'yes' if r['collapsed'] else 'no'} |")
     return "\n".join(lines) + "\n"

@@ -170,14 +170,18 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = 0  # evaluate on the test split every N steps (0 = only before and after)
-    n: int = 64  # test examples per evaluation
+    every: int = 0  # evaluate on eval.split every N steps (0 = only before and after)
+    n: int = 64  # examples per evaluation
     temperature: float = 0.0  # sampler temperature at evaluation (0 = greedy)
     steps: int | None = None  # sampler steps at evaluation; None = the rollout's
     samples_to_log: int = 4  # completions written to samples.jsonl per evaluation
-    # test (sealed: report) | dev (choose recipes, learning rates, checkpoints) | train (with
-    # train.prompt_pool: the prompts RL trains on, for n <= pool)
-    split: str = "test"
+    # The periodic evaluations (before, every N, last), for choosing recipes, learning rates and
+    # checkpoints: dev | test | train (with train.prompt_pool: the prompts RL trains on, for n <= pool).
+    # A task without a dev split is evaluated on test, with a notice.
+    split: str = "dev"
+    # The sealed split, scored once before and once after training (logged as report_before/* and
+    # report/*, with 95% intervals; the demo and `ddrl compare` print these); null = no report.
+    report_split: str | None = "test"
     before: bool = True  # evaluate the base model before training
 
 
@@ -532,6 +536,8 @@ def validate(cfg: Any) -> None:
         if t.prompt_pool is not None and t.prompt_pool < 1:
             raise ConfigError(f"train.prompt_pool must be >= 1 (or null for new prompts every step), got {t.prompt_pool}")
         _choice(cfg.eval.split, ("test", "dev", "train"), "eval.split")  # ddrl.tasks.base.SPLITS
+        if cfg.eval.report_split is not None:
+            _choice(cfg.eval.report_split, ("test", "dev", "train"), "eval.report_split")
         _choice(cfg.dist.strategy, ("auto", "none", "ddp", "fsdp"), "dist.strategy")
     if isinstance(cfg, PretrainConfig):
         _choice(cfg.train.lr_schedule, ("constant", "cosine", "linear"), "train.lr_schedule")

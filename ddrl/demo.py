@@ -71,8 +71,7 @@ def run_demo(task: str = "mini_sudoku", method: str | None = None, steps: int | 
     reference_before = reference_score(trainer) if few_step else None
     run_dir = trainer.run()
     elapsed = time.perf_counter() - start
-    history = trainer.eval_history
-    before, after = history[0], history[-1]
+    before, after = trainer.report["before"], trainer.report["after"]  # the sealed split (eval.report_split)
     header = ["", f"{metric}" + (f" ({steps} step{'s' * (steps > 1)})" if few_step else ""), "mean reward"]
     rows = [["before RL", f"{before['accuracy']:.1%}", f"{before['mean_reward']:.3f}"],
             [f"after {cfg.train.steps} steps", f"{after['accuracy']:.1%}", f"{after['mean_reward']:.3f}"]]
@@ -86,8 +85,8 @@ def run_demo(task: str = "mini_sudoku", method: str | None = None, steps: int | 
     print()
     for r in rows:
         print(("  " + "  ".join(c.ljust(w) for c, w in zip(r, width))).rstrip())
-    gain = paired_gain(run_dir / "eval", 0, cfg.train.steps)
-    print(f"\n  gain on the {cfg.eval.split} split, same {gain.n} examples before and after "
+    gain = paired_gain(run_dir / "eval", 0, cfg.train.steps, tag="report")
+    print(f"\n  gain on the {cfg.eval.report_split} split, same {gain.n} examples before and after "
           f"({gain.method.replace('_', ' ')}, 95%): {gain.verdict()}")
     print(f"  wall time {elapsed / 60:.1f} min; run directory {run_dir}")
     print(f"  reward curve: {run_dir / 'reward_curve.png'}; metrics: {run_dir / 'metrics.jsonl'}")
@@ -95,17 +94,19 @@ def run_demo(task: str = "mini_sudoku", method: str | None = None, steps: int | 
             "reference_before": reference_before, "reference_after": reference_after, "gain": gain.as_dict()}
 
 
-def paired_gain(eval_dir: Path, before_step: int, after_step: int) -> "Estimate":
-    """after - before on the same held-out examples, from the trainer's eval rows
-    (eval/step-N.jsonl), bootstrapped over examples, or over clusters (Sudoku's solution grids)
-    when the rows name them: a gain is claimed only when its interval excludes zero."""
+def paired_gain(eval_dir: Path, before_step: int, after_step: int, tag: str = "eval") -> "Estimate":
+    """after - before on the same held-out examples, from the trainer's evaluation rows
+    (eval/step-N.jsonl, or eval/report-step-N.jsonl for the sealed report), bootstrapped over
+    examples, or over clusters (Sudoku's solution grids) when the rows name them: a gain is claimed
+    only when its interval excludes zero."""
     import json
 
     from ddrl.eval.runner import first_scores
     from ddrl.eval.stats import gain_estimate
 
     def rows(step: int) -> list[dict]:
-        return [json.loads(line) for line in (eval_dir / f"step-{step}.jsonl").read_text().splitlines()]
+        name = f"step-{step}.jsonl" if tag == "eval" else f"{tag}-step-{step}.jsonl"
+        return [json.loads(line) for line in (eval_dir / name).read_text().splitlines()]
 
     before, after = rows(before_step), rows(after_step)
     if [r["prompt"] for r in before] != [r["prompt"] for r in after]:
@@ -122,4 +123,5 @@ def reference_score(trainer) -> float:
 
     cfg = trainer.cfg
     sampler = replace(cfg.rollout, temperature=0.0, steps=cfg.rollout.gen_length, threshold=None)
-    return evaluate(trainer.model, trainer.task, n=cfg.eval.n, sampler=sampler, seed=cfg.seed)["accuracy"]
+    return evaluate(trainer.model, trainer.task, n=cfg.eval.n, sampler=sampler, seed=cfg.seed,
+                    split=cfg.eval.report_split or "test")["accuracy"]

@@ -95,7 +95,9 @@ class Trainer:
         self.step = 0  # rollout steps done (train.steps counts these)
         self.optimizer_steps = 0  # optimizer updates done: each rollout step makes up to mu x minibatches
         self.bad_steps = 0
-        self.eval_history: list[dict[str, Any]] = []
+        self.eval_history: list[dict[str, Any]] = []  # eval.split's scores, for choices
+        self.report: dict[str, dict[str, Any]] = {}  # eval.report_split's, before and after: for reporting
+        self.eval_split = self._resolve_eval_split()
         if cfg.resume:
             self._resume()
         self.logger = MetricsLogger(self.run_dir, tensorboard=t.tensorboard and self.dist.is_main, wandb=t.wandb,
@@ -201,8 +203,10 @@ class Trainer:
     def run(self) -> Path:
         t, e = self.cfg.train, self.cfg.eval
         # The model before RL: its scores ride on the first logged row (every row is a training step).
-        before = ({f"eval_before/{k.split('/')[1]}": v for k, v in self._evaluate(0).items()}
-                  if e.before and self.step == 0 else {})
+        before: dict[str, Any] = {}
+        if e.before and self.step == 0:
+            before = {f"eval_before/{k.split('/')[1]}": v for k, v in self._evaluate(0).items()}
+            before.update({f"report_before/{k.split('/')[1]}": v for k, v in self._report(0).items()})
         bar = tqdm(total=t.steps, initial=self.step, desc=f"{self.cfg.method.objective} on {self.task.name}",
                    disable=not (t.progress and self.dist.is_main), dynamic_ncols=True)
         with PreemptionGuard() as preemption:  # SIGTERM: finish the step, checkpoint, exit 0
@@ -218,6 +222,7 @@ class Trainer:
                     metrics.update(self._evaluate(self.step))
                 if self.step == t.steps:
                     metrics.update(self._evaluate(self.step))
+                    metrics.update(self._report(self.step))
                 row = self.logger.log(self.step, metrics) if logged else metrics
                 bar.update(1)
                 bar.set_postfix(reward=f"{row.get('reward/mean') or 0:.3f}", step_s=f"{row.get('time/step') or 0:.1f}",
@@ -582,29 +587,61 @@ class Trainer:
             m[f"reward/{name}"] = v
         return m
 
-    def _evaluate(self, step: int) -> dict[str, Any]:
+    def _resolve_eval_split(self) -> str:
+        """eval.split, or test with a notice when the task has no dev split (a user's task given only
+        train and test lists): its periodic scores then come from the split it reports."""
+        from ddrl.tasks.base import split_examples
+
+        split = self.cfg.eval.split
+        if split != "dev" or self.cfg.eval.n <= 0:
+            return split
+        try:
+            split_examples(self.task, "dev", 1, self.cfg.seed)
+        except (ValueError, NotImplementedError) as why:
+            if self.dist.is_main:
+                print(f"eval: {why}; evaluating on test instead (eval.split=test silences this)")
+            return "test"
+        return split
+
+    def _report(self, step: int) -> dict[str, Any]:
+        """The sealed split (eval.report_split), scored before and after training only: report/* and
+        the dict self.report["before" | "after"] (n, accuracy, its 95% interval). Never used for a choice."""
+        split = self.cfg.eval.report_split
+        if split is None or self.cfg.eval.n <= 0:
+            return {}
+        metrics = self._evaluate(step, split=split, tag="report")
+        self.report["before" if step == 0 else "after"] = self._last_result
+        return metrics
+
+    def _evaluate(self, step: int, split: str | None = None, tag: str = "eval") -> dict[str, Any]:
         from ddrl.eval import evaluate
 
         e = self.cfg.eval
         if e.n <= 0:
             return {}
+        split = split or self.eval_split
         sampler = SamplerConfig(**{**vars(self.cfg.rollout), "temperature": e.temperature,
                                    "steps": e.steps or self.cfg.rollout.steps})
-        samples_path = self.run_dir / "eval" / f"step-{step}.jsonl" if self.dist.is_main else None
+        name = f"step-{step}.jsonl" if tag == "eval" else f"{tag}-step-{step}.jsonl"
+        samples_path = self.run_dir / "eval" / name if self.dist.is_main else None
         with self.autocast, gathered_parameters(self.model):  # FSDP2: ranks make different numbers of calls
             # each rank evaluates its share of the examples; the results are gathered on every rank
             result = evaluate(self.model, self.task, n=e.n, sampler=sampler, seed=self.cfg.seed,
-                              output_jsonl=samples_path, split=e.split, shard=self.dist.enabled)
-        self.eval_history.append({"step": step, "split": e.split,
-                                  **{k: result[k] for k in ("n", "accuracy", "accuracy_interval", "mean_reward")}})
+                              output_jsonl=samples_path, split=split, shard=self.dist.enabled)
+        self._last_result = {"step": step, "split": split,
+                             **{k: result[k] for k in ("n", "accuracy", "accuracy_interval", "mean_reward")}}
+        lo, hi = result["accuracy_interval"]  # 95% (ddrl.eval.stats.score_estimate)
+        metrics = {f"{tag}/accuracy": result["accuracy"], f"{tag}/accuracy_lo": lo, f"{tag}/accuracy_hi": hi,
+                   f"{tag}/mean_reward": result["mean_reward"]}
+        if tag != "eval":
+            return metrics
+        self.eval_history.append(self._last_result)
         if self.dist.is_main and samples_path is not None and e.samples_to_log:
             lines = samples_path.read_text().splitlines()[: e.samples_to_log]
             with (self.run_dir / "samples.jsonl").open("a") as f:
                 for line in lines:
                     f.write(f'{{"step": {step}, "sample": {line}}}\n')
-        lo, hi = result["accuracy_interval"]  # 95% (ddrl.eval.stats.score_estimate)
-        return {"eval/accuracy": result["accuracy"], "eval/accuracy_lo": lo, "eval/accuracy_hi": hi,
-                "eval/mean_reward": result["mean_reward"]}
+        return metrics
 
     def _last_accuracy(self) -> str:
         return f"{self.eval_history[-1]['accuracy']:.2f}" if self.eval_history else "-"

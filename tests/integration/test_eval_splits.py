@@ -1,0 +1,40 @@
+"""The trainer's two evaluations (issue 17): eval.split (dev by default) before, every N steps and
+at the end, for choosing; eval.report_split (test) once before and once after, for reporting, with
+95% intervals. A task without a dev split is evaluated on test, with a notice."""
+
+from __future__ import annotations
+
+import json
+
+from ddrl.config import RLConfig, load_config
+from ddrl.training.trainer import Trainer
+from tests.integration.conftest import ROOT, rl_overrides
+
+CFG = ROOT / "configs/rl/grpo_mini_sudoku.yaml"
+
+
+def test_periodic_evaluations_use_dev_and_the_report_uses_the_sealed_test(tiny_sudoku_model, tmp_path):
+    cfg = load_config(CFG, rl_overrides(tiny_sudoku_model, tmp_path, steps=2)
+                      + ["task.name=mini_sudoku", "eval.n=8", "eval.every=1"], RLConfig)
+    trainer = Trainer(cfg)
+    trainer.run()
+    assert [h["split"] for h in trainer.eval_history] == ["dev", "dev", "dev"]  # before, step 1, step 2
+    assert trainer.report["before"]["split"] == trainer.report["after"]["split"] == "test"
+    dev_prompts = {json.loads(line)["prompt"] for line in (tmp_path / "eval" / "step-0.jsonl").read_text().splitlines()}
+    test_prompts = {json.loads(line)["prompt"]
+                    for line in (tmp_path / "eval" / "report-step-0.jsonl").read_text().splitlines()}
+    assert dev_prompts and test_prompts and not dev_prompts & test_prompts  # disjoint splits
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    first, last = rows[0], rows[-1]
+    assert {"eval_before/accuracy", "report_before/accuracy", "report_before/accuracy_lo"} <= set(first)
+    assert last["report/accuracy_lo"] <= last["report/accuracy"] <= last["report/accuracy_hi"]
+    assert "report/accuracy" not in first or first is last  # the report is scored at the end only
+
+
+def test_a_task_without_dev_is_evaluated_on_test_with_a_notice(tiny_sudoku_model, tmp_path, capsys):
+    # text_task's FunctionTask has train and test lists only (Trainer() encodes nothing yet)
+    cfg = load_config(CFG, rl_overrides(tiny_sudoku_model, tmp_path, steps=1)
+                      + ["task.name=tests.integration.text_task:make", "task.args={}"], RLConfig)
+    trainer = Trainer(cfg)
+    assert trainer.eval_split == "test"
+    assert "no dev split" in capsys.readouterr().out
