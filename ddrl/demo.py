@@ -88,6 +88,10 @@ def run_demo(task: str = "mini_sudoku", method: str | None = None, steps: int | 
     gain = paired_gain(run_dir / "eval", 0, cfg.train.steps, tag="report")
     print(f"\n  gain on the {cfg.eval.report_split} split, same {gain.n} examples before and after "
           f"({gain.method.replace('_', ' ')}, 95%): {gain.verdict()}")
+    if trainer.eval_history and trainer.eval_history[0]["step"] == 0:  # the periodic evaluations: dev
+        dev = paired_gain(run_dir / "eval", 0, cfg.train.steps)
+        print(f"  the same run on the {trainer.eval_split} split (its periodic evaluations, {dev.n} examples): "
+              f"{dev.verdict()}")
     print(f"  wall time {elapsed / 60:.1f} min; run directory {run_dir}")
     print(f"  reward curve: {run_dir / 'reward_curve.png'}; metrics: {run_dir / 'metrics.jsonl'}")
     return {"before": before, "after": after, "run_dir": str(run_dir), "seconds": elapsed,
