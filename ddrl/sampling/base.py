@@ -25,3 +25,11 @@ class SampleOutput:
     trajectory: Trajectory | None  # filled when return_trajectory=True
     nfe: int  # model forward calls made (a batched call counts once)
     forward_tokens: int | None = None  # rows x tokens fed to the model, summed over calls (cost; None = not counted)
+
+
+def model_mask_id(model, fix: str = "set mask_token_id in the model config") -> int:
+    """The model's mask token, which every masked-diffusion sampler needs; `fix` says where to set it."""
+    mask_id = getattr(model, "mask_token_id", None)
+    if mask_id is None:
+        raise ValueError(f"model.mask_token_id is None; masked-diffusion samplers need the model's mask token ({fix})")
+    return int(mask_id)

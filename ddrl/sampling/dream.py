@@ -61,7 +61,7 @@ import torch
 from torch import Tensor
 
 from ddrl.registry import SAMPLERS
-from ddrl.sampling.base import SampleOutput
+from ddrl.sampling.base import SampleOutput, model_mask_id
 from ddrl.processes.draws import uniform_draw
 from ddrl.sampling.commit import commit_top_k
 from ddrl.sampling.trajectory import ProbRecorder
@@ -236,7 +236,7 @@ def dream_generate(model, prompt_ids: Tensor, attention_mask: Tensor | None = No
     mask_id         default model.mask_token_id.
     Returns [B, P + L] (prompt + completion), and the Trajectory when return_trajectory=True.
     """
-    mask_id = _mask_id(model) if mask_id is None else int(mask_id)
+    mask_id = model_mask_id(model, "config.json mask_token_id, 151666 for Dream") if mask_id is None else int(mask_id)
     cfg = DreamSettings(steps=steps, alg=alg, alg_temp=alg_temp, temperature=float(temperature), top_p=top_p,
                         top_k=top_k, eps=float(eps), vocab_limit=vocab_limit, mask_id=mask_id)
     _check(model, prompt_ids, attention_mask, cfg, gen_length, generator)
@@ -248,14 +248,6 @@ def dream_generate(model, prompt_ids: Tensor, attention_mask: Tensor | None = No
 
 def needs_generator(alg: str, temperature: float, alg_temp: float | None) -> bool:
     return alg == "origin" or temperature > 0 or bool(alg_temp)
-
-
-def _mask_id(model) -> int:
-    mask_id = getattr(model, "mask_token_id", None)
-    if mask_id is None:
-        raise ValueError("model.mask_token_id is None; Dream's sampler needs the model's mask token "
-                         "(config.json mask_token_id, 151666 for Dream)")
-    return int(mask_id)
 
 
 def _check(model, prompt_ids: Tensor, attention_mask: Tensor | None, cfg: DreamSettings, gen_length: int,

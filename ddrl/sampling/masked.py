@@ -95,7 +95,7 @@ from torch import Tensor
 
 from ddrl.data import as_stop_ids, is_stop, model_stop_ids
 from ddrl.registry import SAMPLERS
-from ddrl.sampling.base import SampleOutput
+from ddrl.sampling.base import SampleOutput, model_mask_id
 from ddrl.sampling.cache import block_forward
 from ddrl.sampling.checks import check_generator_given, check_prompts, check_sampler
 from ddrl.sampling.commit import CommitRule, EmergeRule, commit_rule
@@ -265,14 +265,6 @@ def _check_model_inputs(model, prompt_ids: Tensor, gen_length: int, mask_id: int
         raise ValueError("a model with shifted logits (Dream) needs at least one prompt token; pass a non-empty prompt")
 
 
-def _model_mask_id(model) -> int:
-    mask_id = getattr(model, "mask_token_id", None)
-    if mask_id is None:
-        raise ValueError("model.mask_token_id is None; masked-diffusion samplers need the model's mask token "
-                         "(set mask_token_id in the model config)")
-    return int(mask_id)
-
-
 def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *, sampler: str, key: str,
          generator: Any, record: bool, early_exit: bool, mask_id: int | None = None) -> _Decoded:
     """generate() and the masked / block / emerge samplers: check the settings (check_sampler) and the
@@ -284,7 +276,7 @@ def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *, sam
                          "full-attention models")
     check_sampler(cfg, key, name=sampler, block_size=None if block_size is None else int(block_size))
     check_prompts(prompt_ids, prompt_mask)
-    mask_id = _model_mask_id(model) if mask_id is None else mask_id
+    mask_id = model_mask_id(model) if mask_id is None else mask_id
     _check_model_inputs(model, prompt_ids, cfg.gen_length, mask_id)
     block_length = int(block_size) if sampler == "block" else (cfg.block_length or cfg.gen_length)
     rule = commit_rule(cfg, sampler, cfg.gen_length, block_length, model)

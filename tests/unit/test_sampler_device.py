@@ -438,3 +438,15 @@ def _with(cfg: SamplerConfig, **fields):
     from types import SimpleNamespace
 
     return SimpleNamespace(**{**dataclasses.asdict(cfg), **fields})
+
+
+def test_a_model_without_a_mask_token_is_refused_by_every_masked_sampler():
+    from ddrl.sampling.dream import sample_dream
+
+    model = ToyKeep(vocab_size=V, mask_token_id=MASK).eval()
+    model.mask_token_id = None
+    ids, mask = left_pad(GROUPS)
+    cfg = SamplerConfig(steps=4, gen_length=4, temperature=0.0)
+    for sampler in (sample_masked, sample_dream):
+        with pytest.raises(ValueError, match="mask_token_id is None"):
+            sampler(model, ids, mask, cfg, generator=torch.Generator().manual_seed(0))
