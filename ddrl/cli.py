@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=30, help="RL steps per method")
     p.add_argument("--output-dir", default="runs/compare", help="where runs, table and picture go")
     p.add_argument("--config", default="configs/rl/compare_mini_sudoku.yaml", help="base config")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds, the same for every method")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
     return parser
 
 
@@ -280,7 +282,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from ddrl.compare import run_compare
 
     methods = args.methods.split(",") if args.methods else None
-    run_compare(config=args.config, methods=methods, steps=args.steps, output_dir=args.output_dir)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        raise SystemExit(f"ddrl compare: --seeds takes comma-separated integers, e.g. 0,1,2; got {args.seeds!r}")
+    run_compare(config=args.config, methods=methods, steps=args.steps, output_dir=args.output_dir,
+                seeds=seeds, extra_overrides=args.overrides)
     return 0
 
 

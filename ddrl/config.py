@@ -182,6 +182,10 @@ class EvalConfig:
     # The sealed split, scored once before and once after training (logged as report_before/* and
     # report/*, with 95% intervals; the demo and `ddrl compare` print these); null = no report.
     report_split: str | None = "test"
+    report_n: int | None = None  # examples in the sealed report; None = eval.n (make it large: it is scored twice)
+    # seed of the evaluated examples and of the eval sampler's draws; None = the run's seed. Fix it to
+    # score every training seed of a study on the same examples (paired across seeds and methods).
+    seed: int | None = None
     before: bool = True  # evaluate the base model before training
 
 
@@ -538,6 +542,8 @@ def validate(cfg: Any) -> None:
         _choice(cfg.eval.split, ("test", "dev", "train"), "eval.split")  # ddrl.tasks.base.SPLITS
         if cfg.eval.report_split is not None:
             _choice(cfg.eval.report_split, ("test", "dev", "train"), "eval.report_split")
+        if cfg.eval.report_n is not None and cfg.eval.report_n < 1:
+            raise ValueError(f"eval.report_n must be >= 1 (or null = eval.n), got {cfg.eval.report_n}")
         _choice(cfg.dist.strategy, ("auto", "none", "ddp", "fsdp"), "dist.strategy")
     if isinstance(cfg, PretrainConfig):
         _choice(cfg.train.lr_schedule, ("constant", "cosine", "linear"), "train.lr_schedule")

@@ -609,16 +609,18 @@ class Trainer:
         split = self.cfg.eval.report_split
         if split is None or self.cfg.eval.n <= 0:
             return {}
-        metrics = self._evaluate(step, split=split, tag="report")
+        metrics = self._evaluate(step, split=split, tag="report", n=self.cfg.eval.report_n)
         self.report["before" if step == 0 else "after"] = self._last_result
         return metrics
 
-    def _evaluate(self, step: int, split: str | None = None, tag: str = "eval") -> dict[str, Any]:
+    def _evaluate(self, step: int, split: str | None = None, tag: str = "eval",
+                  n: int | None = None) -> dict[str, Any]:
         from ddrl.eval import evaluate
 
         e = self.cfg.eval
         if e.n <= 0:
             return {}
+        n = n or e.n
         split = split or self.eval_split
         sampler = SamplerConfig(**{**vars(self.cfg.rollout), "temperature": e.temperature,
                                    "steps": e.steps or self.cfg.rollout.steps})
@@ -626,7 +628,8 @@ class Trainer:
         samples_path = self.run_dir / "eval" / name if self.dist.is_main else None
         with self.autocast, gathered_parameters(self.model):  # FSDP2: ranks make different numbers of calls
             # each rank evaluates its share of the examples; the results are gathered on every rank
-            result = evaluate(self.model, self.task, n=e.n, sampler=sampler, seed=self.cfg.seed,
+            result = evaluate(self.model, self.task, n=n, sampler=sampler,
+                              seed=self.cfg.seed if e.seed is None else e.seed,
                               output_jsonl=samples_path, split=split, shard=self.dist.enabled)
         self._last_result = {"step": step, "split": split,
                              **{k: result[k] for k in ("n", "accuracy", "accuracy_interval", "mean_reward")}}
