@@ -131,26 +131,54 @@ def summarise(method: str, runs: list[dict[str, Any]], target: float | None = No
                              for r in runs)}
 
 
+def method_difference(out: str | Path, a: str, b: str) -> dict[str, Any]:
+    """Method a's final report score minus method b's, on the same examples: each example's final
+    score averaged over each method's seeds, then one paired bootstrap over examples or clusters
+    (the seed papers' "A beats B" claims, e.g. GDSD against ESPO and SPG)."""
+    from ddrl.eval.stats import gain_estimate
+
+    runs = read_runs(Path(out))
+    scores = {}
+    for method in (a, b):
+        dirs = [Path(r["run_dir"]) for r in runs if r["method"] == method and r["gain"] is not None]
+        if not dirs:
+            raise ValueError(f"{out}: no finished run of {method!r} to compare")
+        scores[method] = _report_scores(dirs)
+    (prompts_a, after_a, clusters), (prompts_b, after_b, _) = scores[a][1:], scores[b][1:]
+    if prompts_a != prompts_b:
+        raise ValueError(f"{out}: {a} and {b} scored other report examples; fix eval.seed for a study")
+    return gain_estimate(after_b, after_a, clusters=clusters).as_dict()
+
+
+def _report_scores(run_dirs: list[Path]) -> tuple[list[float], list[str], list[float], list[str] | None]:
+    """(before, prompts, after, clusters) of the runs' first and last report, per example averaged
+    over the runs, which must have scored the same examples."""
+    from ddrl.eval.runner import first_scores
+
+    befores, afters, prompts, clusters = [], [], None, None
+    for d in run_dirs:
+        files = sorted((d / "eval").glob("report-step-*.jsonl"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+        b, a = ([json.loads(line) for line in f.read_text().splitlines()] for f in (files[0], files[-1]))
+        if prompts is not None and [r["prompt"] for r in b] != prompts:
+            raise ValueError(f"{d}: scored other report examples than {run_dirs[0]}; fix eval.seed for a study")
+        prompts = [r["prompt"] for r in b]
+        befores.append(first_scores(b))
+        afters.append(first_scores(a))
+        clusters = [r["cluster"] for r in b] if all("cluster" in r for r in b) else None
+    mean = lambda cols: [statistics.fmean(v) for v in zip(*cols)]  # noqa: E731  per example, over runs
+    return mean(befores), prompts, mean(afters), clusters
+
+
 def pooled_gain(run_dirs: list[Path]) -> dict[str, Any] | None:
     """The gain of all seeds together: each example's before and after scores averaged over the
     seeds' runs (they scored the same examples), then one paired bootstrap over examples or
     clusters. Seed-to-seed spread is reported beside it (gain_sd), not inside it."""
-    from ddrl.eval.runner import first_scores
     from ddrl.eval.stats import gain_estimate
 
     if not run_dirs:
         return None
-    befores, afters, clusters = [], [], None
-    for d in run_dirs:
-        files = sorted((d / "eval").glob("report-step-*.jsonl"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
-        b, a = ([json.loads(line) for line in f.read_text().splitlines()] for f in (files[0], files[-1]))
-        if befores and [r["prompt"] for r in b] != befores[0][1]:
-            raise ValueError(f"{d}: scored other report examples than {run_dirs[0]}; fix eval.seed for a study")
-        befores.append((first_scores(b), [r["prompt"] for r in b]))
-        afters.append(first_scores(a))
-        clusters = [r["cluster"] for r in b] if all("cluster" in r for r in b) else None
-    mean = lambda cols: [statistics.fmean(v) for v in zip(*cols)]  # noqa: E731  per example, over seeds
-    return gain_estimate(mean([s for s, _ in befores]), mean(afters), clusters=clusters).as_dict()
+    before, _, after, clusters = _report_scores(run_dirs)
+    return gain_estimate(before, after, clusters=clusters).as_dict()
 
 
 def mean_dev_curve(runs: list[dict[str, Any]]) -> list[tuple[int, float]]:

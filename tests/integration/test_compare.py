@@ -105,3 +105,18 @@ def test_bad_seeds_are_refused_before_any_run(tmp_path):
     with pytest.raises(SystemExit, match="--seeds"):
         main(["compare", "--seeds", "0,x", "--output-dir", str(tmp_path)])
     assert not list(tmp_path.iterdir())
+
+
+def test_one_method_against_another_on_the_same_examples(study):
+    from ddrl.compare import method_difference
+
+    out, _ = study
+    finals = {m: [[float(x["correct"][0]) for x in report_rows(out / m / f"seed-{s}", 2)] for s in (0, 1)]
+              for m in ("grpo", "spg")}
+    per_example = [statistics.fmean(a) - statistics.fmean(b)
+                   for a, b in zip(zip(*finals["spg"]), zip(*finals["grpo"]))]
+    diff = method_difference(out, "spg", "grpo")  # spg's final minus grpo's
+    assert diff["mean"] == pytest.approx(statistics.fmean(per_example))
+    assert diff["lo"] <= diff["mean"] <= diff["hi"] and diff["n"] == 12
+    with pytest.raises(ValueError, match="no finished run"):
+        method_difference(out, "spg", "gdsd")
