@@ -32,6 +32,9 @@ SHIPPED = {
     "digits-masked": ("configs/pretrain/digits_masked.yaml", {}, 1000),
     "countdown-block": ("configs/pretrain/countdown_block.yaml", {}, 1000),
 }
+# How a card names its interval (ddrl.eval.stats.Estimate.method); {} = the number of clusters.
+INTERVAL_WORDS = {"wilson": "Wilson", "cluster_bootstrap_or_wilson": "the wider of Wilson's and a bootstrap over {} "
+                  "solution grids", "cluster_bootstrap": "bootstrap over {} clusters", "bootstrap": "bootstrap"}
 # Also scored with these few sampler steps (parallel decoding), where RL has room to improve it.
 FEW_STEPS = {"mini_sudoku-masked": (1, 2, 4)}
 
@@ -103,10 +106,8 @@ def card_scores(name: str, model, cfg) -> list[str]:
     def score(steps: int) -> str:
         r = evaluate(model, task, n=n, sampler={**sampler, "steps": steps}, seed=0, split="test")
         lo, hi = r["accuracy_interval"]
-        clusters = r["interval"].get("clusters")
-        return (f"accuracy {r['accuracy']:.1%} [{lo:.1%}, {hi:.1%}] (95%, {r['interval']['method'].replace('_', ' ')}"
-                f"{f' over {clusters} solution grids' if clusters else ''}), mean reward {r['mean_reward']:.3f}, "
-                f"n={r['n']}")
+        how = INTERVAL_WORDS.get(r["interval"]["method"], r["interval"]["method"]).format(r["interval"].get("clusters"))
+        return f"accuracy {r['accuracy']:.1%} [{lo:.1%}, {hi:.1%}] (95%, {how}), mean reward {r['mean_reward']:.3f}, n={r['n']}"
 
     described = json.dumps({**task_kwargs(cfg.task), **eval_args})
     lines = [f"- sealed test score (temperature {sampler['temperature']}, `{sampler['name']}` sampler, "
