@@ -1,88 +1,71 @@
-"""StableDRL's "exploding weight" stress test in miniature: reward curves and gradient norms of
-StableDRL vs ESPO vs GRPO on the tiny Sudoku model, with and without Gaussian noise injected into
-the log importance ratios (method.ratio_noise). Writes a table and one picture.
+"""StableDRL's "exploding weights" stress test as held-out reward curves (issue 17; docs/seed_claims.md).
 
-    .venv/bin/python bench/stress_ratio_noise.py --steps 20 --noise 3.0 --out runs/stress
+StableDRL (Zhong et al.) claims that its unconditional clip and group self-normalised weights keep
+learning when the importance ratios are noisy, where PPO-style conditional clipping (GRPO, ESPO)
+lets an A < 0 sample with a huge ratio through. Here GRPO, ESPO and StableDRL, each from its
+shipped configs/rl/<method>_mini_sudoku.yaml (its paper's estimator), train on the shipped 4x4
+Sudoku model for 2-step decoding with and without Gaussian noise of std `--noise` added to every
+log-ratio (method.ratio_noise, ddrl.objectives.base.inject_ratio_noise). Every run: same seed,
+prompts and budget; dev solve rate every 10 steps (n=256, the same puzzles); final sealed-test
+solve rate (n=1000) paired against the base over solution grids.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/stress_ratio_noise.py            # the study (~15 CPU-min)
+    OMP_NUM_THREADS=1 .venv/bin/python bench/stress_ratio_noise.py --quick    # a smoke run (< 20 s)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _claims import (QUICK, Budget, Run, paired_difference, picture_path, plot_study, run_study,  # noqa: E402
+                     run_table, write_json)
+
+METHODS = ("grpo", "espo", "stable_drl")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--noise", type=float, default=3.0, help="std of the noise added to log-ratios")
-    p.add_argument("--methods", default="stable_drl,espo,grpo")
-    p.add_argument("--out", default="runs/stress")
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--group", type=int, default=8)
-    args = p.parse_args()
+def study_runs(methods: list[str], noise: float) -> list[Run]:
+    return [Run(f"{m}-noise{s:g}", f"configs/rl/{m}_mini_sudoku.yaml", [f"method.ratio_noise={s}"],
+                {"method": m, "noise": s}) for m in methods for s in (0.0, noise)]
 
-    from ddrl.training.logging import read_metrics
-    from ddrl.training.trainer import NonFiniteError, train
 
+def noise_effects(study: dict[str, Any], noise: float) -> dict[str, dict[str, Any]]:
+    """Per method: noisy minus clean final test solve rate on the same puzzles (95% paired interval)."""
+    finals, out = study["finals"], {}
+    for m in {r["method"] for r in study["runs"]}:
+        clean, noisy = finals.get(f"{m}-noise0"), finals.get(f"{m}-noise{noise:g}")
+        if clean is not None and noisy is not None:
+            out[m] = paired_difference(clean, noisy, study["clusters"], study["budget"]["seed"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="2 tiny steps per run, small evaluations (smoke test)")
+    p.add_argument("--steps", type=int, default=Budget.steps)
+    p.add_argument("--prompts", type=int, default=Budget.prompts)
+    p.add_argument("--noise", type=float, default=3.0, help="std of the Gaussian noise added to log-ratios")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--out", default="runs/seed_claims/stress")
+    p.add_argument("--png", default=None, help="picture path (default docs/stress_ratio_noise.png; --quick: in --out)")
+    args = p.parse_args(argv)
+    budget = QUICK if args.quick else Budget(steps=args.steps, prompts=args.prompts)
     out = Path(args.out)
-    rows = []
-    for method in args.methods.split(","):
-        for noise in (0.0, args.noise):
-            run = out / f"{method}-noise{noise:g}"
-            overrides = [f"train.steps={args.steps}", f"train.prompts_per_step={args.prompts}",
-                         f"train.group_size={args.group}", "eval.n=64", f"eval.every={args.steps}",
-                         f"method.ratio_noise={noise}", f"output_dir={run}", "train.progress=false",
-                         "train.tensorboard=false"]
-            status = "ok"
-            try:
-                train(ROOT / f"configs/rl/{method}_mini_sudoku.yaml", overrides)
-            except NonFiniteError:
-                status = "non-finite stop"
-            m = read_metrics(run / "metrics.jsonl")
-            evals = [r["eval/accuracy"] for r in m if r.get("eval/accuracy") is not None]
-            gn = sorted(r["grad_norm"] for r in m if r.get("grad_norm") is not None)
-            rows.append({"method": method, "noise": noise, "status": status,
-                         "reward_first5": sum(r["reward/mean"] for r in m[:5]) / max(1, len(m[:5])),
-                         "reward_last5": sum(r["reward/mean"] for r in m[-5:]) / max(1, len(m[-5:])),
-                         "final_accuracy": evals[-1] if evals else None,
-                         "grad_norm_max": gn[-1] if gn else None,
-                         "grad_norm_median": gn[len(gn) // 2] if gn else None})
-            print(json.dumps(rows[-1]))
-    (out / "stress.json").write_text(json.dumps(rows, indent=1))
-    plot(out, rows)
-    print("| method | ratio noise | reward (first 5 steps) | reward (last 5) | final held-out | max grad norm |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        acc = "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.1%}"
-        print(f"| {r['method']} | {r['noise']:g} | {r['reward_first5']:.3f} | {r['reward_last5']:.3f} | {acc} | "
-              f"{r['grad_norm_max']:.3g} |")
-
-
-def plot(out: Path, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ddrl.training.logging import read_metrics
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-    for ax, noisy in zip(axes, (False, True)):
-        for r in rows:
-            if (r["noise"] > 0) != noisy:
-                continue
-            m = read_metrics(out / f"{r['method']}-noise{r['noise']:g}" / "metrics.jsonl")
-            ax.plot([x["step"] for x in m], [x["reward/mean"] for x in m], label=r["method"])
-        ax.set_title("with log-ratio noise" if noisy else "no injected noise")
-        ax.set_xlabel("RL step")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("reward/mean")
-    axes[1].legend()
-    fig.tight_layout()
-    fig.savefig(out / "stress.png", dpi=110)
+    study = run_study(study_runs(args.methods.split(","), args.noise), budget, out, name="stress")
+    study["noise_effect"] = noise_effects(study, args.noise)
+    write_json(out / "results.json", study)
+    png = picture_path(args.png, args.quick, out, "stress_ratio_noise.png")
+    plot_study(study, png, color_by="method", style_by="noise",
+               title=f"log-ratio noise std {args.noise:g} (dashed) vs none (solid); "
+                     f"base test {study['base_test_text']}")
+    print(f"base on test: {study['base_test_text']}")
+    print(run_table(study, ["method", "noise"]))
+    for m, eff in sorted(study["noise_effect"].items()):
+        print(f"{m}: noisy - clean on test: {eff['verdict']}")
+    return study
 
 
 if __name__ == "__main__":
