@@ -57,6 +57,10 @@ def run_compare(config: str, methods: list[str] | None = None, steps: int = 30,
             trainer.run()
         except NonFiniteError:
             nonfinite = True
+        if not nonfinite and trainer.step < cfg.train.steps:  # preempted (SIGTERM): checkpointed, not finished
+            print(f"compare: {method} seed {seed} stopped at step {trainer.step}; rerun the same command: finished runs "
+                  "are kept, this one starts again")
+            break
         record = run_record(method, seed, trainer, time.perf_counter() - start, nonfinite)
         with (out / "runs.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")

@@ -120,3 +120,18 @@ def test_one_method_against_another_on_the_same_examples(study):
     assert diff["lo"] <= diff["mean"] <= diff["hi"] and diff["n"] == 12
     with pytest.raises(ValueError, match="no finished run"):
         method_difference(out, "spg", "gdsd")
+
+
+def test_a_preempted_run_is_not_recorded_as_finished(tmp_path, monkeypatch, capsys):
+    from ddrl.compare import run_compare
+    from ddrl.training.trainer import Trainer
+
+    def preempted(self):  # SIGTERM after a checkpoint: run() returns before train.steps
+        self.step = 1
+        return self.run_dir
+
+    monkeypatch.setattr(Trainer, "run", preempted)
+    run_compare(CONFIG, methods=["grpo", "spg"], steps=2, output_dir=str(tmp_path), seeds=[0],
+                extra_overrides=small())
+    assert read_runs(tmp_path) == []  # nothing recorded: rerunning the command runs it again
+    assert "grpo seed 0 stopped at step 1" in capsys.readouterr().out
