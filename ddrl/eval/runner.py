@@ -7,6 +7,8 @@
 **Accuracy** is the mean over examples of the task's per-item metric (`task.metric(completions,
 **columns) -> list[float]` in [0, 1]: 1/0 for a verdict, d1's Sudoku gives correct cells / blank
 cells) on each example's first sample; a task without `metric` counts `task.correct` (1/0).
+A task with `eval_breakdown(rows, examples) -> dict` (digits: per-class rate and diversity) adds
+it to the result as "breakdown".
 pass@k counts `task.correct`. A paper protocol scores with its preset's prompt, metric and reward
 instead of the task's (`Scoring`), and evaluates once per generation length.
 """
@@ -145,6 +147,9 @@ def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerCon
     estimate = score_estimate(first_scores(rows), clusters=clusters)
     result["accuracy_interval"] = [estimate.lo, estimate.hi]  # 95%: Wilson, or the (cluster) bootstrap
     result["interval"] = estimate.as_dict()
+    breakdown = getattr(task, "eval_breakdown", None)  # optional task hook: what accuracy alone hides
+    if breakdown is not None:
+        result["breakdown"] = breakdown(rows, examples)
     if k > 1:
         result.update(pass_at_k(rows, k))
     if output_jsonl is not None:

@@ -12,6 +12,10 @@ different seeds. What keeps a dev score from being a test score here is the samp
 the evaluation must draw dev and test samples from different sampler seeds.
 Uniform diffusion runs over the 17 gray symbols (`uniform_symbols`, a contiguous run after the
 class symbols in `symbols()`).
+
+`eval_breakdown` (read by ddrl.eval.evaluate) adds what prompt following alone hides: the rate of
+each prompted class and the diversity of the images drawn for one class, so that a policy that
+collapses to one template per class, or gives up on a class, shows in the same report.
 """
 
 from __future__ import annotations
@@ -19,11 +23,53 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
+
 from ddrl.registry import TASKS
 from ddrl.rewards.composite import column_value
-from ddrl.rewards.image import (CLASS_SYMBOLS, GRAY_SYMBOLS, N_CLASSES, N_PIXELS, as_label,
+from ddrl.rewards.image import (CLASS_SYMBOLS, GRAY_SYMBOLS, N_CLASSES, N_PIXELS, as_label, decode_image,
                                 digits_classifier_reward, digits_predicted_class, digits_splits, encode_image)
 from ddrl.tasks import Task, check_format
+
+
+MAX_DIVERSITY_IMAGES = 256  # per class: caps the pairwise distances at 256 * 255 / 2 pairs
+
+
+def image_diversity(images: np.ndarray) -> dict[str, float]:
+    """Distinct fraction and mean pairwise Hamming distance (pixels that differ, of 64) of images [m, 64].
+
+    Distinct fraction alone misses near-templates (one pixel apart is "distinct"); the distance shows
+    how far apart the samples really are. Needs m >= 2."""
+    m = len(images)
+    if m < 2:
+        raise ValueError(f"diversity needs at least 2 images, got {m}")
+    distances = (images[:, None, :] != images[None, :, :]).sum(-1)  # [m, m]
+    upper = distances[np.triu_indices(m, k=1)]  # [m * (m - 1) / 2]
+    return {"distinct_frac": len({tuple(row) for row in images.tolist()}) / m,
+            "pairwise_hamming": float(upper.mean()), "n_images": m}
+
+
+def class_breakdown(hits: list[bool], labels: list[int],
+                    images_by_class: dict[int, list[list[int]]]) -> dict[str, Any]:
+    """Per-class prompt following (rate, Wilson 95% interval, n), the weakest class, and per-class
+    diversity with its mean and min over classes (classes with < 2 well-formed images are skipped)."""
+    from ddrl.eval.stats import rate_estimate
+
+    per_class: dict[str, dict[str, float]] = {}
+    for c in sorted(set(labels)):
+        class_hits = [h for h, y in zip(hits, labels) if y == c]
+        est = rate_estimate(sum(class_hits), len(class_hits))
+        per_class[str(c)] = {"rate": est.mean, "lo": est.lo, "hi": est.hi, "n": est.n}
+    weakest = min(per_class, key=lambda c: per_class[c]["rate"])
+    diversity = {str(c): image_diversity(np.asarray(ims[:MAX_DIVERSITY_IMAGES]))  # [m, 64]
+                 for c, ims in sorted(images_by_class.items()) if len(ims) >= 2}
+    out: dict[str, Any] = {"per_class": per_class, "min_class": int(weakest),
+                           "min_class_rate": per_class[weakest]["rate"], "diversity": diversity}
+    if diversity:
+        for key in ("distinct_frac", "pairwise_hamming"):
+            values = [d[key] for d in diversity.values()]
+            out[f"{key}_mean"], out[f"{key}_min"] = float(np.mean(values)), float(np.min(values))
+    return out
 
 
 def _balanced_labels(n: int, rng: random.Random) -> list[int]:
@@ -66,6 +112,21 @@ class DigitsTask(Task):
         label = columns.get("label")
         predicted = digits_predicted_class(completions)
         return [p is not None and p == as_label(column_value(label, i)) for i, p in enumerate(predicted)]
+
+    def eval_breakdown(self, rows: list[dict[str, Any]], examples: list[dict[str, Any]]) -> dict[str, Any]:
+        """ddrl.eval.evaluate's rows -> per-class rate (first sample, as accuracy counts it) and
+        diversity among all well-formed samples of each prompted class (class_breakdown)."""
+        labels = [as_label(ex.get("label")) for ex in examples]
+        if any(y is None for y in labels) or len(rows) != len(examples):
+            raise ValueError("eval_breakdown needs one row per example and a label 0..9 on every example")
+        hits = [bool(row["correct"][0]) for row in rows]
+        images: dict[int, list[list[int]]] = {}
+        for row, y in zip(rows, labels):
+            for text in row["completions"]:
+                image = decode_image(text)
+                if image is not None:
+                    images.setdefault(y, []).append(image)
+        return class_breakdown(hits, labels, images)  # type: ignore[arg-type]
 
     def symbols(self) -> list[str]:
         return CLASS_SYMBOLS + GRAY_SYMBOLS

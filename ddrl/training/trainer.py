@@ -636,6 +636,10 @@ class Trainer:
         lo, hi = result["accuracy_interval"]  # 95% (ddrl.eval.stats.score_estimate)
         metrics = {f"{tag}/accuracy": result["accuracy"], f"{tag}/accuracy_lo": lo, f"{tag}/accuracy_hi": hi,
                    f"{tag}/mean_reward": result["mean_reward"]}
+        if "breakdown" in result:  # a task's eval_breakdown (digits: per-class rate, diversity)
+            self._last_result["breakdown"] = result["breakdown"]
+            metrics.update({f"{tag}/{k}": v for k, v in result["breakdown"].items()
+                            if isinstance(v, (int, float)) and not isinstance(v, bool)})
         if tag != "eval":
             return metrics
         self.eval_history.append(self._last_result)

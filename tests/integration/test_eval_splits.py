@@ -38,3 +38,17 @@ def test_a_task_without_dev_is_evaluated_on_test_with_a_notice(tiny_sudoku_model
     trainer = Trainer(cfg)
     assert trainer.eval_split == "test"
     assert "no dev split" in capsys.readouterr().out
+
+
+def test_a_task_breakdown_reaches_the_trainer_logs(tmp_path):
+    # digits' eval_breakdown: per-class rate and diversity next to prompt following
+    cfg = load_config(ROOT / "configs/rl/udm_grpo_digits.yaml",
+                      ["train.steps=1", "train.prompts_per_step=2", "train.group_size=2", "eval.n=20", "eval.every=0",
+                       "eval.report_split=null", "eval.steps=4", "rollout.steps=2", "train.progress=false",
+                       f"output_dir={tmp_path}"], RLConfig)
+    trainer = Trainer(cfg)
+    trainer.run()
+    assert set(trainer.eval_history[-1]["breakdown"]["per_class"]) == {str(c) for c in range(10)}
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = {k for row in rows for k in row}
+    assert {"eval/min_class_rate", "eval/pairwise_hamming_mean", "eval_before/min_class_rate"} <= logged
