@@ -136,8 +136,8 @@ def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerCon
         examples = split_examples(task, split, n, seed)
     if not examples:
         raise ValueError(f"task {task.name!r} returned no {split} examples; check its data path/arguments")
-    rows, stats = sample_and_score(model, examples, sampler, task_scoring(task), seed=seed, k=k,
-                                   batch_size=batch_size, shard=shard)
+    rows, stats = sample_and_score(model, examples, sampler, task_scoring(task), seed=split_sampler_seed(seed, split),
+                                   k=k, batch_size=batch_size, shard=shard)
     clusters = cluster_keys(task, examples)
     if clusters is not None:  # what the bootstrap resamples (a Sudoku's solution grid), kept with the rows
         for row, cluster in zip(rows, clusters):
@@ -193,6 +193,18 @@ def _rank_and_world(shard: bool) -> tuple[int, int]:
     if not shard or not dist.is_available() or not dist.is_initialized():
         return 0, 1
     return dist.get_rank(), dist.get_world_size()
+
+
+# Sampler draws depend on the split as well as the example's index. Tasks whose splits share their
+# prompts (digits: the ten class symbols on every split) would otherwise draw the same samples for
+# dev example i and test example i, and a dev score would be a look at the test one. The test
+# split keeps the plain seed (its reported numbers stay as measured).
+SPLIT_SAMPLER_SALT = {"test": 0, "dev": 1, "train": 2}
+
+
+def split_sampler_seed(seed: int, split: str) -> int:
+    """The sampler seed of `split`'s evaluation at `seed`."""
+    return seed + SPLIT_SAMPLER_SALT[split] * 1_000_000_007
 
 
 def example_seed(seed: int, index: int) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ddrl.config import RLConfig, load_config
 from ddrl.training.trainer import Trainer
 from tests.integration.conftest import ROOT, rl_overrides
@@ -52,3 +54,24 @@ def test_a_task_breakdown_reaches_the_trainer_logs(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     logged = {k for row in rows for k in row}
     assert {"eval/min_class_rate", "eval/pairwise_hamming_mean", "eval_before/min_class_rate"} <= logged
+
+
+def test_dev_and_test_draw_different_samples_for_the_same_prompts():
+    # digits' splits share their prompts (the ten class symbols): a dev evaluation must not draw
+    # the test evaluation's samples, or choosing on dev would be choosing on test
+    import ddrl
+    from ddrl.eval import evaluate
+    from ddrl.eval.runner import sample_and_score, task_scoring
+
+    model = ddrl.load_model(ROOT / "checkpoints/digits-uniform")
+    task = ddrl.get_task("digits")
+    examples = task.test_examples(10, seed=0)
+    sampler = {"name": "uniform", "steps": 4, "gen_length": 64, "block_length": 64, "temperature": 1.0}
+    dev = evaluate(model, task, examples=examples, sampler=sampler, split="dev", output_jsonl=None, seed=3)
+    test = evaluate(model, task, examples=examples, sampler=sampler, split="test", seed=3)
+    assert dev["mean_reward"] != test["mean_reward"]
+    # the test split keeps the plain seed: its numbers are what sample_and_score(seed) draws
+    from ddrl.eval.runner import default_sampler
+
+    rows, _ = sample_and_score(model, examples, default_sampler(model, task, **sampler), task_scoring(task), seed=3)
+    assert sum(r["rewards"][0] for r in rows) / len(rows) == pytest.approx(test["mean_reward"])
