@@ -96,24 +96,6 @@ def _public(s: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in s.items() if k != "scores"}
 
 
-def record_step_actions(trainer: Any) -> None:
-    """Naive GRPO on UDM scores intermediate denoising states as the actions (udm's clean_target=False
-    reads batch.extras["step_predictions"] [B, S, L]). The uniform sampler records the state entering
-    each step; the action of step k is what it produced, the state entering step k + 1 (the final
-    sample for the last step), so it is read off the recorded trajectory at no model cost."""
-    import torch
-
-    inner = trainer.rollout
-
-    def rollout(step: int) -> Any:
-        batch = inner(step)
-        states = batch.trajectory.states  # [B, S, L], full-vocabulary ids
-        batch.extras["step_predictions"] = torch.cat([states[:, 1:], batch.completion_ids[:, None]], dim=1)
-        return batch
-
-    trainer.rollout = rollout
-
-
 def train_seed(overrides: list[str], seed: int, curve_at: set[int], base_test: dict[str, Any],
                proto: Protocol, out: Path, grid: bool, test_at: set[int] = frozenset()) -> dict[str, Any]:
     """One training seed of a recipe: dev curve, final test score and its paired gain over the base.
@@ -128,9 +110,7 @@ def train_seed(overrides: list[str], seed: int, curve_at: set[int], base_test: d
                                "train.tensorboard=false", "train.save_every=0", f"seed={seed}",
                                f"output_dir={out}", *overrides], RLConfig)
     cfg.model.path = str(ROOT / cfg.model.path) if not Path(cfg.model.path).is_absolute() else cfg.model.path
-    trainer = Trainer(cfg)
-    if getattr(trainer.method.estimator, "clean_target", True) is False:
-        record_step_actions(trainer)
+    trainer = Trainer(cfg)  # naive GRPO on UDM: the estimator reads each step's output off the trajectory
     task, model = trainer.task, trainer.model
     dev = task.dev_examples(proto.dev_n, seed=DEV_SEED)
     curve: list[dict[str, Any]] = []

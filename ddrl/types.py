@@ -39,6 +39,13 @@ class Trajectory:
     states: Tensor | None = None
     step_times: Tensor | None = None
 
+    def step_outputs(self, final: Tensor) -> Tensor:
+        """[B, S, L]: what each step produced, the state entering the next step, and `final` [B, L]
+        (the completion) for the last one. Needs states."""
+        if self.states is None:
+            raise ValueError("step_outputs needs the recorded states: sample with return_trajectory=True")
+        return torch.cat([self.states[:, 1:], final[:, None].to(self.states)], dim=1)
+
     def to(self, device: torch.device | str) -> "Trajectory":
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return Trajectory(move(self.commit_step), move(self.token_probs), move(self.states), move(self.step_times))

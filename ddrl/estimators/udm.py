@@ -19,8 +19,10 @@ from the seed, shared by the batch (so every micro-batch of one call sees the sa
 Ablations of the paper (naive GRPO on UDM):
   forward_process=False: use the rollout's own states, batch.trajectory.states [B, S, L], at the
       step whose time (trajectory.step_times, else 1 - s/S) is nearest to each t, instead of re-noising;
-  clean_target=False: score each step's predicted x0, batch.extras["step_predictions"] [B, S, L]
-      (recorded by the sampler), at the same nearest step, instead of the final sample.
+  clean_target=False: score what each step produced instead of the final sample: the paper's naive
+      form, intermediate denoising states as actions. The action of step k is the state entering
+      step k + 1 (the completion for the last step), Trajectory.step_outputs, at the same nearest
+      step; batch.extras["step_predictions"] [B, S, L], when a caller records its own, takes its place.
 Both need the sampler's records; the instance attribute `needs_trajectory` says so.
 """
 
@@ -104,10 +106,14 @@ class UDM:
             states = batch.trajectory.states.to(device)[:, steps].transpose(0, 1).reshape(n_t * B, -1)
         if self.clean_target:
             return states, x0.repeat(n_t, 1)
-        if "step_predictions" not in batch.extras:
-            raise ValueError("udm with clean_target=False needs batch.extras['step_predictions'] [B, S, L], "
-                             "each sampler step's predicted x0; record it in the rollout")
-        preds = batch.extras["step_predictions"].to(device)[:, steps]  # [B, n_t, L]
+        if "step_predictions" in batch.extras:
+            outputs = batch.extras["step_predictions"]  # [B, S, L]
+        elif batch.trajectory is not None and batch.trajectory.states is not None:
+            outputs = batch.trajectory.step_outputs(batch.completion_ids)  # [B, S, L]
+        else:
+            raise ValueError("udm with clean_target=False needs the rollout's states, batch.trajectory.states "
+                             "[B, S, L] (a uniform sampler run with return_trajectory=True)")
+        preds = outputs.to(device)[:, steps]  # [B, n_t, L]
         return states, preds.transpose(0, 1).reshape(n_t * B, -1)
 
     @staticmethod

@@ -186,3 +186,18 @@ def test_sync_ref_every_copies_the_policy_into_the_reference(tiny_sudoku_model, 
     with __import__("pytest").raises(ValueError, match="sync_ref_every needs a separate reference"):
         train(cfg_path, rl_overrides(tiny_sudoku_model, tmp_path / "lora") + ["train.sync_ref_every=1",
                                                                               "model.lora.rank=4"])
+
+
+def test_naive_grpo_on_udm_trains_through_the_trainer(tmp_path):
+    # UDM-GRPO's ablation: the rollout's own states as inputs and each step's output as the action
+    # (it needs the sampler's trajectory, which the trainer asks for from the estimator)
+    cfg = load_config(ROOT / "configs/rl/udm_grpo_digits.yaml",
+                      ["train.steps=1", "train.prompts_per_step=2", "train.group_size=4", "eval.n=0",
+                       "rollout.steps=4", "train.progress=false", f"output_dir={tmp_path}",
+                       "method.estimator_args.forward_process=false", "method.estimator_args.clean_target=false"],
+                      RLConfig)
+    trainer = Trainer(cfg)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    metrics = trainer.train_step(1)
+    assert metrics.get("update/skipped", 0.0) == 0.0
+    assert any(not torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))

@@ -39,14 +39,3 @@ def test_udm_digits_bench_quick_runs_the_naive_ablation():
     assert [p["step"] for p in result["seeds"][0]["curve"]] == [0, 1, 2]
 
 
-def test_step_actions_are_the_states_each_step_produced():
-    import torch
-    from types import SimpleNamespace
-
-    states = torch.tensor([[[1, 1], [2, 2], [3, 3]]])  # [B=1, S=3, L=2]: the states entering steps 0, 1, 2
-    final = torch.tensor([[4, 4]])  # [B, L]: what step 2 produced
-    batch = SimpleNamespace(trajectory=SimpleNamespace(states=states), completion_ids=final, extras={})
-    trainer = SimpleNamespace(rollout=lambda step: batch)
-    load_bench("udm_digits").record_step_actions(trainer)
-    out = trainer.rollout(1)
-    assert out.extras["step_predictions"].tolist() == [[[2, 2], [3, 3], [4, 4]]]

@@ -502,9 +502,27 @@ def test_udm_naive_ablations_use_rollout_states_and_step_predictions():
     assert torch.equal(used, states[:, [0, 2]].transpose(0, 1))  # steps nearest to t = 0.9 and 0.5
     lp = sliced_logp(model, batch, used.reshape(4, 5), preds[:, [0, 2]].transpose(0, 1).reshape(4, 5)).view(2, 2, 5)
     torch.testing.assert_close(out.extras["per_timestep"], lp.mean(-1).T)
+    # without a recorded step_predictions: the action of step k is the state entering step k + 1
+    # (the completion for the last step), read off the trajectory
     del batch.extras["step_predictions"]
-    with pytest.raises(ValueError, match="step_predictions"):
+    rec = Recording(model)
+    out = UDM(t_values=[0.9, 0.1], forward_process=False, clean_target=False)(rec, batch, seed=0)
+    outputs = torch.cat([states[:, 1:], batch.completion_ids[:, None]], dim=1)  # [B, S, L]
+    used = rec.calls[0][:, 3:].view(2, 2, 5)
+    assert torch.equal(used, states[:, [0, 3]].transpose(0, 1))  # steps nearest to t = 0.9 and 0.1
+    lp = sliced_logp(model, batch, used.reshape(4, 5), outputs[:, [0, 3]].transpose(0, 1).reshape(4, 5)).view(2, 2, 5)
+    torch.testing.assert_close(out.extras["per_timestep"], lp.mean(-1).T)
+    batch.trajectory = None
+    with pytest.raises(ValueError, match="trajectory.states"):
         UDM(t_values=[0.9], clean_target=False)(model, batch, seed=0)
+
+
+def test_trajectory_step_outputs_are_the_next_states_then_the_completion():
+    states = torch.tensor([[[1, 1], [2, 2], [3, 3]]])  # [B=1, S=3, L=2]: the states entering steps 0, 1, 2
+    traj = Trajectory(commit_step=torch.zeros(1, 2, dtype=torch.long), token_probs=torch.rand(1, 3, 2), states=states)
+    assert traj.step_outputs(torch.tensor([[4, 4]])).tolist() == [[[2, 2], [3, 3], [4, 4]]]
+    with pytest.raises(ValueError, match="return_trajectory"):
+        Trajectory(commit_step=traj.commit_step, token_probs=traj.token_probs).step_outputs(torch.tensor([[4, 4]]))
 
 
 def test_udm_with_real_uniform_process():
