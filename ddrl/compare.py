@@ -239,15 +239,17 @@ def plot_curves(out: Path, runs: list[dict[str, Any]], methods: list[str], windo
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, (ax_dev, ax_reward) = plt.subplots(1, 2, figsize=(11, 4))
-    for m in methods:
+    fig, (ax_dev, ax_reward) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = plt.get_cmap("tab20").colors  # 20 distinct colours: up to 20 methods
+    for i, m in enumerate(methods):
+        style = {"color": colors[i % len(colors)], "linestyle": "-" if i < len(colors) else "--"}
         mine = [r for r in runs if r["method"] == m]
         steps = sorted({h["step"] for r in mine for h in r["dev"]})
         if steps:
             grid = np.array([[next((h["accuracy"] for h in r["dev"] if h["step"] == s), np.nan) for s in steps]
                              for r in mine])  # [seeds, points]
-            line, = ax_dev.plot(steps, np.nanmean(grid, 0), label=m, alpha=0.9)
-            ax_dev.fill_between(steps, np.nanmin(grid, 0), np.nanmax(grid, 0), color=line.get_color(), alpha=0.12)
+            ax_dev.plot(steps, np.nanmean(grid, 0), label=m, alpha=0.9, **style)
+            ax_dev.fill_between(steps, np.nanmin(grid, 0), np.nanmax(grid, 0), color=style["color"], alpha=0.08)
         curves = []
         for r in mine:
             rows = read_metrics(Path(r["run_dir"]) / "metrics.jsonl")
@@ -257,14 +259,15 @@ def plot_curves(out: Path, runs: list[dict[str, Any]], methods: list[str], windo
         if curves:
             length = min(len(c) for c in curves)
             ax_reward.plot(np.arange(window, window + length), np.mean([c[:length] for c in curves], 0), label=m,
-                           alpha=0.9)
-    ax_dev.set(xlabel="RL step", ylabel="dev accuracy (mean over seeds; band min..max)")
-    ax_reward.set(xlabel="RL step", ylabel=f"rollout reward ({window}-step moving average, mean over seeds)")
+                           alpha=0.9, **style)
+    ax_dev.set(xlabel="RL step", ylabel="dev accuracy", title="dev split: mean over seeds, band min..max")
+    ax_reward.set(xlabel="RL step", ylabel="rollout reward",
+                  title=f"rollout reward: {window}-step moving average, mean over seeds")
     for ax in (ax_dev, ax_reward):
         ax.grid(alpha=0.3)
     ax_dev.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     path = out / "curves.png"
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
