@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default="mini_sudoku", choices=["mini_sudoku", "digits"], help="demo task")
     p.add_argument("--steps", type=int, default=None, help="RL steps (default from the demo config)")
     p.add_argument("--output-dir", default=None, help="run directory (default runs/demo-<task>-<method>)")
-    p.add_argument("--eval-n", type=int, default=None, help="held-out examples for before/after")
+    p.add_argument("--eval-n", type=int, default=None, help="examples per evaluation, dev and sealed test (default from the demo config)")
 
     p = sub.add_parser("methods", help="list objectives and estimators with their papers")
     p.add_argument("--json", action="store_true", help="machine-readable output")

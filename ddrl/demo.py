@@ -46,7 +46,7 @@ def demo_config(task: str = "mini_sudoku", method: str | None = None, steps: int
     if steps is not None:
         overrides.append(f"train.steps={steps}")
     if eval_n is not None:
-        overrides.append(f"eval.n={eval_n}")
+        overrides += [f"eval.n={eval_n}", f"eval.report_n={eval_n}"]  # both evaluations, dev and sealed test
     overrides.append(f"output_dir={output_dir or f'runs/demo-{task}-{method}'}")
     cfg = load_config(path, overrides, RLConfig)
     model_path = Path(cfg.model.path)
@@ -63,7 +63,8 @@ def run_demo(task: str = "mini_sudoku", method: str | None = None, steps: int | 
     metric = "solve rate" if task == "mini_sudoku" else "prompt following"
     print(f"ddrl demo: {cfg.method.objective} on {task}, model {cfg.model.path}")
     print(f"  {cfg.train.steps} RL steps x {cfg.train.prompts_per_step} prompts x G={cfg.train.group_size}, "
-          f"held-out n={cfg.eval.n} (greedy)")
+          f"scored on {cfg.eval.report_n or cfg.eval.n} sealed-test examples before and after, "
+          f"{cfg.eval.n} dev examples along the way (greedy)")
     start = time.perf_counter()
     trainer = Trainer(cfg)
     steps = cfg.eval.steps or cfg.rollout.steps  # sampler steps of the held-out score
