@@ -10,8 +10,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	# torch==2.13.0 in the same pip command as the rest, so nothing pulls a CUDA build.
-	# --no-compile: byte-compiling every installed module (torch has thousands) took 110 s of a
-	# 44 s install here; Python compiles what it imports on first use instead.
+	# --no-compile: with byte-compilation of every installed module (torch has thousands) this
+	# install took 110 s here, without it 44 s; Python compiles what it imports on first use.
 	$(PY) -m pip install --no-compile torch==2.13.0 -e ".[dev]"
 	touch $(STAMP)
 
