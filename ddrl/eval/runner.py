@@ -151,7 +151,7 @@ def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerCon
     if breakdown is not None:
         result["breakdown"] = breakdown(rows, examples)
     if k > 1:
-        result.update(pass_at_k(rows, k))
+        result.update(pass_at_k(rows, k, clusters))
     if output_jsonl is not None:
         write_rows(output_jsonl, rows)
     return result
@@ -272,10 +272,17 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "mean_reward": sum(valid) / len(valid) if valid else 0.0}
 
 
-def pass_at_k(rows: list[dict[str, Any]], k: int) -> dict[str, float]:
-    """pass@k and pass@1 over the k samples of each row, from `correct`."""
-    return {f"pass@{k}": sum(_pass_at_k(k, sum(row["correct"]), k) for row in rows) / len(rows),
-            "pass@1": sum(sum(row["correct"]) / k for row in rows) / len(rows)}
+def pass_at_k(rows: list[dict[str, Any]], k: int, clusters: Any = None) -> dict[str, Any]:
+    """pass@k and pass@1 over the k samples of each row, from `correct`, each with its 95%
+    interval over examples (or their clusters: `pass@k_interval`, `pass@1_interval`)."""
+    from ddrl.eval.stats import score_estimate
+
+    out: dict[str, Any] = {}
+    for name, per_row in ((f"pass@{k}", [_pass_at_k(k, sum(row["correct"]), k) for row in rows]),
+                          ("pass@1", [sum(row["correct"]) / k for row in rows])):
+        estimate = score_estimate(per_row, clusters=clusters)
+        out[name], out[f"{name}_interval"] = estimate.mean, [estimate.lo, estimate.hi]
+    return out
 
 
 def write_rows(path: str | Path, rows: list[dict[str, Any]]) -> None:

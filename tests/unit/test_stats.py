@@ -144,3 +144,18 @@ def test_bad_scores_fail_naming_the_fix():
         paired_bootstrap_diff([1.0], [1.0, 0.0])
     with pytest.raises(ValueError, match="at least one"):
         mean_estimate([])
+
+
+def test_pass_at_k_carries_intervals():
+    from ddrl.eval.runner import pass_at_k
+
+    rows = [{"correct": c} for c in ([True, False, False, False], [True] * 4, [False] * 4)] * 20  # 60 examples
+    out = pass_at_k(rows, 4)
+    assert out["pass@4"] == pytest.approx(2 / 3) and out["pass@1"] == pytest.approx(1.25 / 3)  # by hand
+    for name in ("pass@4", "pass@1"):
+        lo, hi = out[f"{name}_interval"]
+        assert lo < out[name] < hi and hi - lo < 0.5
+    # clusters: 3 clusters of 20 identical examples make the interval far wider than 60 independent ones
+    width = lambda r: r["pass@4_interval"][1] - r["pass@4_interval"][0]  # noqa: E731
+    clustered = pass_at_k(rows, 4, clusters=[("cluster", i % 3) for i in range(60)])
+    assert width(clustered) > width(out)
