@@ -7,7 +7,22 @@ import json
 import math
 import sys
 
+import pytest
+
 from tests.integration.conftest import ROOT
+
+
+@pytest.fixture(autouse=True)
+def registry_restored():
+    """The DiPOD bench registers its own tiny task; keep it out of the registry other tests see
+    (tests/unit/test_splits.py checks every registered task)."""
+    from ddrl.registry import TASKS
+
+    TASKS.names()  # load the built-ins first, so the snapshot has them
+    saved = dict(TASKS._items)
+    yield
+    TASKS._items.clear()
+    TASKS._items.update(saved)
 
 
 def load_bench(name: str):
