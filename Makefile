@@ -23,7 +23,8 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	# One BLAS thread: the tiny model gains little from two, and thread contention can cost 10x.
-	OMP_NUM_THREADS=1 $(VENV)/bin/ddrl demo
+	# SyntaxWarnings: a reasoning-gym dependency (cellpylib) warns when first compiled (--no-compile).
+	OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore::SyntaxWarning $(VENV)/bin/ddrl demo
 
 checkpoints: $(STAMP)
 	$(PY) -m ddrl.training.make_checkpoints
