@@ -10,12 +10,16 @@
     ddrl compare                               every method on the same tiny task and budget
 
 Bad input ends with one line `ddrl: error: ...` naming the problem and the fix (exit code 2).
+Log lines (which layers LoRA wraps, steps that made no update, ...) go to stderr as `ddrl: ...`:
+INFO and above on rank 0, warnings only with --quiet and on the other ranks.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from typing import Any
 
@@ -24,7 +28,8 @@ EPILOG = "Configs live in configs/ (pretrain/, rl/, paper/). Any config key can 
 
 def _sampler_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampler overrides (default: greedy, sized to the task)")
-    g.add_argument("--sampler", dest="name", help="masked | emerge | uniform | block | dream | diffusion_gemma")
+    g.add_argument("--sampler", dest="name",
+                   help="auto (the model's own; default) | masked | emerge | uniform | block | dream | diffusion_gemma")
     g.add_argument("--steps", type=int, help="model calls in total")
     g.add_argument("--gen-length", dest="gen_length", type=int, help="completion tokens")
     g.add_argument("--block-length", dest="block_length", type=int, help="semi-autoregressive block length")
@@ -43,22 +48,31 @@ _SAMPLER_KEYS = ("name", "steps", "gen_length", "block_length", "temperature", "
                  "threshold", "cache", "alg", "alg_temp", "top_p", "top_k")
 
 
+def _command(sub: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand that also takes -q/--quiet after its name (`ddrl train --quiet CONFIG`)."""
+    p = sub.add_parser(name, **kwargs)
+    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                   help="log warnings only (no INFO lines)")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddrl", description="RL fine-tuning of discrete diffusion models "
                                      "(masked, block and uniform) with every published method.", epilog=EPILOG)
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only (no INFO lines)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("pretrain", help="train a denoiser on task data", epilog=EPILOG,
+    p = _command(sub, "pretrain", help="train a denoiser on task data", epilog=EPILOG,
                        description="Train a masked / uniform / block denoiser on prompt/completion pairs.")
     p.add_argument("config", help="YAML config (e.g. configs/pretrain/mini_sudoku_masked.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=100")
 
-    p = sub.add_parser("train", help="RL fine-tuning; writes a run directory", epilog=EPILOG,
+    p = _command(sub, "train", help="RL fine-tuning; writes a run directory", epilog=EPILOG,
                        description="RL fine-tuning. `objective=NAME` switches the method (see `ddrl methods`).")
     p.add_argument("config", help="YAML config (e.g. configs/rl/stable_drl_mini_sudoku.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=20 objective=espo")
 
-    p = sub.add_parser("eval", help="evaluate a model on a task",
+    p = _command(sub, "eval", help="evaluate a model on a task",
                        description="Accuracy (pass@1), pass@k and mean reward on a task's held-out split.")
     p.add_argument("--model", required=True, help="model directory (built-in or Hugging Face)")
     p.add_argument("--trust-remote-code", action="store_true",
@@ -81,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _sampler_args(p)
 
-    p = sub.add_parser("sample", help="sample completions for a prompt")
+    p = _command(sub, "sample", help="sample completions for a prompt")
     p.add_argument("--model", required=True, help="model directory")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="run the modeling code a Hugging Face directory ships (not needed for the native families)")
@@ -90,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     _sampler_args(p)
 
-    p = sub.add_parser("demo", help="the main job: RL on a tiny model on the CPU, before/after table",
+    p = _command(sub, "demo", help="the main job: RL on a tiny model on the CPU, before/after table",
                        description="Measure the shipped tiny model, fine-tune it with RL, measure again.")
     p.add_argument("--method", default=None, help="objective (default stable_drl; udm_grpo for --task digits)")
     p.add_argument("--task", default="mini_sudoku", choices=["mini_sudoku", "digits"], help="demo task")
@@ -98,10 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default=None, help="run directory (default runs/demo-<task>-<method>)")
     p.add_argument("--eval-n", type=int, default=None, help="examples per evaluation, dev and sealed test (default from the demo config)")
 
-    p = sub.add_parser("methods", help="list objectives and estimators with their papers")
+    p = _command(sub, "methods", help="list objectives and estimators with their papers")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = sub.add_parser("compare", help="run every method on the same tiny task and budget")
+    p = _command(sub, "compare", help="run every method on the same tiny task and budget")
     p.add_argument("--methods", default=None, help="comma-separated objectives (default: all text methods)")
     p.add_argument("--steps", type=int, default=30, help="RL steps per method")
     p.add_argument("--output-dir", default="runs/compare", help="where runs, table and picture go")
@@ -111,12 +125,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def setup_logging(quiet: bool = False) -> None:
+    """ddrl's loggers to stderr, once per process: INFO on rank 0 (WARNING with quiet), WARNING on the
+    other ranks of torchrun, so each line is printed once."""
+    rank0 = os.environ.get("RANK", "0") == "0"
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("ddrl: %(message)s"))
+    logger = logging.getLogger("ddrl")
+    logger.handlers[:] = [handler]  # calling main() again (tests, notebooks) does not double the lines
+    logger.setLevel(logging.WARNING if quiet or not rank0 else logging.INFO)
+    logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
+    setup_logging(args.quiet)
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
@@ -173,13 +200,15 @@ def _task_kwargs(items: list[str]) -> dict[str, Any]:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from ddrl.eval import default_sampler, evaluate
     from ddrl.models import load_model
+    from ddrl.sampling.checks import FLAGS, check_sampler
     from ddrl.tasks import get_task
 
     task = get_task(args.task, **_task_kwargs(args.task_arg))  # fail fast on a bad task name
     if args.protocol is not None:
         return _eval_protocol(args, task)
     model = load_model(args.model, trust_remote_code=args.trust_remote_code)
-    sampler = default_sampler(model, task, **{k: getattr(args, k) for k in _SAMPLER_KEYS})
+    sampler = default_sampler(model, task, key=FLAGS, **{k: getattr(args, k) for k in _SAMPLER_KEYS})
+    check_sampler(sampler, FLAGS, block_size=getattr(model, "block_size", None) or None)  # named as flags
     result = evaluate(model, task, n=200 if args.n is None else args.n, sampler=sampler, seed=args.seed, k=args.k,
                       batch_size=64 if args.batch_size is None else args.batch_size, output_jsonl=args.output,
                       split=args.split)
@@ -197,6 +226,7 @@ def _eval_protocol(args: argparse.Namespace, task: Any) -> int:
     """`ddrl eval --protocol NAME`: every generation length of the paper's protocol, on its test set."""
     from ddrl.eval.protocols import evaluate_protocol, get_protocol
     from ddrl.models import load_model
+    from ddrl.sampling.checks import FLAGS
 
     protocol = get_protocol(args.protocol)  # an unknown name lists the registered ones, before loading
     if args.split != "test":
@@ -205,7 +235,7 @@ def _eval_protocol(args: argparse.Namespace, task: Any) -> int:
     lengths = None if args.gen_length is None else [args.gen_length]
     model = load_model(args.model, trust_remote_code=args.trust_remote_code)
     result = evaluate_protocol(model, task, protocol, n=args.n, seed=args.seed, k=args.k, batch_size=args.batch_size,
-                               lengths=lengths, overrides=overrides, output_jsonl=args.output)
+                               lengths=lengths, overrides=overrides, output_jsonl=args.output, key=FLAGS)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -223,6 +253,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from ddrl.eval.runner import default_sampler
     from ddrl.models import load_model
     from ddrl.registry import SAMPLERS
+    from ddrl.sampling.checks import FLAGS, check_sampler
 
     model = load_model(args.model, trust_remote_code=args.trust_remote_code)
     model.eval()
@@ -232,10 +263,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         if getattr(model, "max_seq_len", None):
             gen_length = max(1, min(32, model.max_seq_len - len(model.tokenizer.encode(args.prompt)) - 1))
 
-    cfg = default_sampler(model, _Len(), **{k: getattr(args, k) for k in _SAMPLER_KEYS})
-    from ddrl.config import validate_sampler
-
-    validate_sampler(cfg, "sampler")
+    cfg = default_sampler(model, _Len(), key=FLAGS, **{k: getattr(args, k) for k in _SAMPLER_KEYS})
+    check_sampler(cfg, FLAGS, block_size=getattr(model, "block_size", None) or None)  # named as flags
     max_prompt = model.max_seq_len - cfg.gen_length if getattr(model, "max_seq_len", None) else None
     ids, mask = encode_prompts(model.tokenizer, [args.prompt] * args.n, max_length=max_prompt,
                                device=next(model.parameters()).device)

@@ -79,7 +79,10 @@ class ModelConfig:
 
 @dataclass
 class SamplerConfig:
-    name: str = "masked"  # sampler: masked (LLaDA semi-AR) | emerge | uniform | block
+    # sampler: auto (the model's own: block for SDAR/TraDo, diffusion_gemma for DiffusionGemma, uniform
+    # for uniform models, masked for LLaDA/MMaDA/Dream) | masked (LLaDA semi-AR) | emerge | uniform |
+    # block | dream | diffusion_gemma; one the model cannot run is refused (sampling.checks.resolve_sampler)
+    name: str = "auto"
     steps: int = 16  # model calls in total (masked: divided evenly over blocks)
     gen_length: int = 16  # completion tokens to generate
     block_length: int | None = None  # semi-AR block; None = gen_length (one block)

@@ -46,10 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ddrl.config import SamplerConfig, validate_sampler
+from ddrl.config import SamplerConfig
 from ddrl.eval.runner import (Scoring, default_sampler, pass_at_k, sample_and_score, summarize,
                               write_rows)
 from ddrl.registry import Registry
+from ddrl.sampling.checks import check_sampler
 from ddrl.tasks.presets import Preset, get_preset
 
 
@@ -155,22 +156,25 @@ def protocol_scoring(task: Any, protocol: Protocol, preset: Preset | None = None
 
 
 def protocol_sampler(model: Any, task: Any, protocol: Protocol, gen_length: int,
-                     overrides: dict[str, Any] | None = None) -> SamplerConfig:
+                     overrides: dict[str, Any] | None = None, key: str = "sampler") -> SamplerConfig:
     """The protocol's sampler at one length; the sampler kind follows the model (default_sampler).
-    overrides (e.g. {"cache": "prefix"}) change it and are reported in the result."""
+    overrides (e.g. {"cache": "prefix"}) change it and are reported in the result. Checked against
+    the model (its block size) before any compute; key: how messages name the settings
+    (ddrl.sampling.checks.FLAGS under `ddrl eval`)."""
     settings = dict(gen_length=gen_length, steps=protocol.steps(gen_length), block_length=protocol.block_length,
                     temperature=protocol.temperature, cfg_scale=protocol.cfg_scale, remasking=protocol.remasking,
                     early_exit=protocol.early_exit)
     settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    sampler = default_sampler(model, task, **settings)
-    validate_sampler(sampler, "sampler")
+    sampler = default_sampler(model, task, key=key, **settings)
+    check_sampler(sampler, key, block_size=getattr(model, "block_size", None) or None)
     return sampler
 
 
 def evaluate_protocol(model: Any, task: Any, protocol: str | Protocol, *, n: int | None = None, seed: int = 0,
                       k: int = 1, batch_size: int | None = None, lengths: Sequence[int] | None = None,
                       overrides: dict[str, Any] | None = None, examples: list[dict] | None = None,
-                      output_jsonl: str | Path | None = None, preset: Preset | None = None) -> dict[str, Any]:
+                      output_jsonl: str | Path | None = None, preset: Preset | None = None,
+                      key: str = "sampler") -> dict[str, Any]:
     """Evaluate `task` as `protocol`'s paper did, at each of its generation lengths.
 
     n: score the first n examples of the protocol's test set (default: all of it).
@@ -182,6 +186,7 @@ def evaluate_protocol(model: Any, task: Any, protocol: str | Protocol, *, n: int
     accuracy = mean_metric = the mean per-item metric of the paper's preset.
     output_jsonl: one row per example and length, with its "gen_length".
     preset: the prompt/reward/metric to score with; default the protocol paper's preset for the task.
+    key: how sampler messages name the settings ("sampler.threshold"; FLAGS: "--threshold").
     """
     from ddrl.tasks import get_task
 
@@ -194,7 +199,7 @@ def evaluate_protocol(model: Any, task: Any, protocol: str | Protocol, *, n: int
         raise ValueError(f"protocol {protocol.name!r} reports gen_length {', '.join(map(str, protocol.gen_lengths))}; "
                          f"got {', '.join(map(str, unknown))}")
     scoring = protocol_scoring(task, protocol, preset)  # an unknown preset fails before any compute
-    samplers = {length: protocol_sampler(model, task, protocol, length, overrides) for length in chosen}
+    samplers = {length: protocol_sampler(model, task, protocol, length, overrides, key) for length in chosen}
     if examples is None:
         examples, test_set = protocol_examples(task, protocol, n)
     else:

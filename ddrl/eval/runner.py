@@ -28,12 +28,13 @@ import torch
 from ddrl.config import SamplerConfig, validate_sampler
 from ddrl.data import decode_completions, encode_prompts, model_stop_ids
 from ddrl.registry import SAMPLERS
+from ddrl.sampling.checks import AUTO, resolve_sampler
 
 
-def default_sampler(model: Any, task: Any, **overrides: Any) -> SamplerConfig:
-    """Greedy sampling sized to the task; the sampler kind follows the model's process."""
-    process = getattr(getattr(model, "process_spec", None), "get", lambda *_: None)("name")
-    name = {"uniform": "uniform", "block": "block"}.get(process or "", "masked")
+def default_sampler(model: Any, task: Any, *, key: str = "sampler", **overrides: Any) -> SamplerConfig:
+    """Greedy sampling sized to the task; the sampler is the model's own unless overrides name one it
+    can run (ddrl.sampling.checks.resolve_sampler; key: how messages name the settings)."""
+    name = resolve_sampler(model, overrides.pop("name", None) or AUTO, key)
     gen = getattr(task, "gen_length", 16)
     cfg = SamplerConfig(name=name, steps=gen, gen_length=gen, block_length=gen, temperature=0.0)
     if name == "block":
@@ -221,7 +222,7 @@ def _sample_rows(model: Any, examples: list[dict], indices: list[int], sampler: 
     max_prompt = None
     if getattr(model, "max_seq_len", None):
         max_prompt = model.max_seq_len - sampler.gen_length
-    sample_fn = SAMPLERS.get(sampler.name)
+    sample_fn = SAMPLERS.get(resolve_sampler(model, sampler.name, "sampler"))
     stop_ids = model_stop_ids(model)
     was_training = model.training
     model.eval()

@@ -4,11 +4,18 @@ a bad value gives the same message wherever it is caught, before any model call.
 come from the modules that own them.
 
 Checks that need the model (its vocabulary, block size, maximum length) run in the samplers, with
-the model at hand; check_sampler takes the block size when it is known.
+the model at hand; check_sampler takes the block size when it is known. Which sampler fits which
+model is decided here too (`resolve_sampler`): rollout.name=auto picks the family's own, and an
+explicit one the model cannot run is refused with the right name, where the trainer, `ddrl eval`
+and `ddrl sample` pick their sampler.
+
+Messages name a setting as the caller spells it: key "rollout" gives "rollout.block_length",
+key "" the bare field, and key FLAGS ("--") the command line's "--block-length".
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -20,6 +27,8 @@ from ddrl.sampling.commit import REMASKING
 from ddrl.sampling.dream import ALGS
 from ddrl.sampling.utils import NOISE_DTYPES
 
+AUTO = "auto"  # rollout.name: the model's own sampler (resolve_sampler)
+FLAGS = "--"  # check_sampler's key for `ddrl eval` / `ddrl sample`: settings named as flags
 SEMI_AR = ("masked", "block", "emerge")  # the block-by-block samplers of ddrl.sampling.masked
 # Settings a sampler does not read, refused when set (so a config never silently ignores one).
 NOT_APPLICABLE: dict[str, tuple[str, ...]] = {
@@ -69,11 +78,17 @@ def check_sampler(cfg: Any, key: str = "rollout", *, name: str | None = None, bl
                 length; the completion need not be whole blocks; prefix/dual need whole model blocks.
     Raises ValueError with the key and the fix.
     """
+    if key == FLAGS:  # the same checks, the settings named as the command line's flags
+        try:
+            check_sampler(cfg, _FLAG_MARK, name=name, block_size=block_size)
+        except ValueError as e:
+            raise ValueError(_as_flags(str(e))) from None
+        return
     p = f"{key}." if key else ""
     if name is None:
         name = cfg.name
-        if name not in SAMPLERS:
-            raise ValueError(f"{p}name={name!r} is not valid; choose one of: {', '.join(SAMPLERS.names())}")
+        if name not in SAMPLERS and name != AUTO:
+            raise ValueError(f"{p}name={name!r} is not valid; choose one of: {AUTO}, {', '.join(SAMPLERS.names())}")
     for field in ("steps", "gen_length"):
         if not _positive_int(getattr(cfg, field)):
             raise ValueError(f"{p}{field} must be a positive integer, got {getattr(cfg, field)!r}")
@@ -99,7 +114,9 @@ def check_sampler(cfg: Any, key: str = "rollout", *, name: str | None = None, bl
     if name == "dream" and _get(cfg, "alg") == "origin" and alg_temp:
         raise ValueError(f"{p}alg_temp applies to the confidence orderings; alg='origin' commits at random by the "
                          f"schedule, so unset {p}alg_temp")
-    if name in SEMI_AR:
+    # auto with a block_length: the semi-AR samplers' checks (a Dream or uniform model that resolves to
+    # another sampler is refused its block_length by that sampler's own check)
+    if name in SEMI_AR or (name == AUTO and _get(cfg, "block_length") is not None):
         _check_blocks(cfg, p, name, block_size)
 
 
@@ -120,7 +137,7 @@ def _check_parallel_decoding(cfg: Any, p: str, name: str) -> None:
         raise ValueError(f"{p}threshold must be in (0, 1] (0.9 is typical) or unset for fixed counts, got {threshold}")
     if factor is not None and not factor > 0:
         raise ValueError(f"{p}factor must be > 0 (Fast-dLLM's f, e.g. 1.0) or unset, got {factor}")
-    sdar = name in ("masked", "block") and _get(cfg, "remasking") == "sdar_dynamic"
+    sdar = name in ("masked", "block", AUTO) and _get(cfg, "remasking") == "sdar_dynamic"
     if sdar and (threshold is None or factor is not None):
         raise ValueError(f"{p}remasking='sdar_dynamic' needs {p}threshold (SDAR's confidence_threshold, e.g. 0.9) "
                          f"and no {p}factor, got threshold={threshold}, factor={factor}")
@@ -136,8 +153,9 @@ def _check_blocks(cfg: Any, p: str, name: str, block_size: int | None) -> None:
         if block_size is None:
             return  # the model's block size decides; checked when the sampler runs
         if block_length is not None and block_length != block_size:
-            raise ValueError(f"{p}block_length={block_length} differs from model.block_size={block_size}; "
-                             f"leave {p}block_length unset for the block sampler")
+            raise ValueError(f"{p}block_length={block_length} differs from the model's block size {block_size} "
+                             f"(the block sampler decodes the model's blocks); set {p}block_length={block_size} "
+                             f"or leave it unset")
         block = block_size
     else:
         block = block_length or gen_length
@@ -157,6 +175,67 @@ def _check_blocks(cfg: Any, p: str, name: str, block_size: int | None) -> None:
         raise ValueError(f"{p}cache={cache!r} on a block-causal model needs sampler blocks made of whole model "
                          f"blocks, but block_length={block} is not a multiple of model.block_size={block_size}; "
                          f"use block_length={block_size} (the 'block' sampler) or {p}cache=none")
+
+
+_FLAG_MARK = "\x00flag"  # an internal key: its "\x00flag.<field>" names become "--<field>" (_as_flags)
+_FLAG_NAMES = {"name": "sampler"}  # fields whose flag is not the field's own name (cli._sampler_args)
+
+
+def _as_flags(message: str) -> str:
+    """check_sampler's message with every "\x00flag.<field>" written as the flag: --block-length."""
+    def flag(m: re.Match) -> str:
+        return "--" + _FLAG_NAMES.get(m.group(1), m.group(1)).replace("_", "-")
+
+    return re.sub(re.escape(_FLAG_MARK) + r"\.(\w+)", flag, message)
+
+
+def setting(key: str, field: str) -> str:
+    """How the caller spells a sampler setting: rollout.threshold, threshold or --threshold."""
+    if key == FLAGS:
+        return "--" + _FLAG_NAMES.get(field, field).replace("_", "-")
+    return f"{key}.{field}" if key else field
+
+
+# --------------------------------------------------------------------------------------------
+# Which sampler fits the model (rollout.name=auto and explicit names)
+# --------------------------------------------------------------------------------------------
+
+
+def model_samplers(model: Any) -> tuple[str, ...]:
+    """The samplers that decode this model as it was trained, its family's own first (the one
+    rollout.name=auto picks).
+
+    A block-causal model (SDAR/TraDo, ddrl's block models) decodes its own blocks: the masked
+    sampler would run semi-AR blocks of any length over it. DiffusionGemma denoises one canvas
+    (its own sampler; ddrl's uniform sampler records a trajectory). Uniform-process models take the
+    uniform sampler. Masked models take the masked sampler or MaskGRPO's emerge; Dream also its own
+    diffusion_generate, which its peers' recipes name explicitly (rollout.name=dream)."""
+    family = getattr(model, "family", None)
+    process = (getattr(model, "process_spec", None) or {}).get("name", "masked")
+    if family == "diffusion_gemma":
+        return ("diffusion_gemma", "uniform")
+    if getattr(model, "block_size", None) or process == "block":
+        return ("block",)
+    if process == "uniform":
+        return ("uniform",)
+    if family == "dream":
+        return ("masked", "dream", "emerge")
+    return ("masked", "emerge")
+
+
+def resolve_sampler(model: Any, name: str, key: str = "rollout") -> str:
+    """The sampler to run: `name`, or the model's own for "auto". A registered sampler the model
+    cannot run is an error that names the one it can (before any compute); key as in check_sampler."""
+    fits = model_samplers(model)
+    if name == AUTO:
+        return fits[0]
+    if name in SAMPLERS and name not in fits:
+        family = getattr(model, "family", None) or "this"
+        spell = setting(key, "name")
+        options = " or ".join(repr(n) for n in (AUTO,) + fits)
+        raise ValueError(f"{spell}={name!r} does not fit this {family} model, which decodes with the "
+                         f"{fits[0]!r} sampler; set {spell} to {options}")
+    return name
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -49,6 +50,8 @@ from ddrl.training.logging import MetricsLogger, plot_reward_curve
 from ddrl.training.method import Method, build_method
 from ddrl.training.preemption import PreemptionGuard
 from ddrl.types import EstimatorOutput, RolloutBatch
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ddrl.objectives.aggregation import AggregationCounts
@@ -76,6 +79,7 @@ class Trainer:
         self.objective, self.estimator = self.method.objective, self.method.estimator
         self.strategy = resolve_strategy(cfg.dist.strategy, self.dist)
         self.model = self._load_model()  # on the CPU until the memory check passed
+        self._resolve_sampler()
         self.max_prompt = (self.model.max_seq_len - cfg.rollout.gen_length
                            if getattr(self.model, "max_seq_len", None) else None)
         self.pool: list[dict[str, Any]] = []
@@ -95,6 +99,7 @@ class Trainer:
         self.step = 0  # rollout steps done (train.steps counts these)
         self.optimizer_steps = 0  # optimizer updates done: each rollout step makes up to mu x minibatches
         self.bad_steps = 0
+        self.steps_without_update = 0  # rollout steps whose groups train.group_filter dropped, all of them
         self.eval_history: list[dict[str, Any]] = []  # eval.split's scores, for choices
         self.report: dict[str, dict[str, Any]] = {}  # eval.report_split's, before and after: for reporting
         self.eval_split = self._resolve_eval_split()
@@ -115,6 +120,15 @@ class Trainer:
                   f"({'fast' if fast else 'reference'} path; rollout.cache=none rollout.threshold=null is the reference)")
 
     # ------------------------------------------------------------------ setup helpers
+    def _resolve_sampler(self) -> None:
+        """rollout.name=auto becomes the model's own sampler (config.yaml records which); an explicit
+        one the model cannot run, or settings it refuses, fail here, before any compute."""
+        from ddrl.sampling.checks import check_sampler, resolve_sampler
+
+        r = self.cfg.rollout
+        r.name = resolve_sampler(self.model, r.name, "rollout")
+        check_sampler(r, "rollout", block_size=getattr(self.model, "block_size", None) or None)
+
     def _load_model(self) -> Any:
         from ddrl.models import load_model
 
@@ -254,7 +268,9 @@ class Trainer:
         kept = self.filter_groups(batch)
         plan = self.plan_update(batch, kept)
         stats: dict[str, Any] = {"update/skipped": 1.0}  # every group filtered out: nothing to learn from
-        if plan is not None:
+        if plan is None:
+            self._report_no_update(step)
+        else:
             old, ref = self.behaviour_passes(plan.micro, step, clock)
             with clock("update"):
                 stats = self.update(plan.micro, old, ref, step, plan.counts)
@@ -424,6 +440,17 @@ class Trainer:
         mb = self.micro_batches(full)[0]
         mb.extras["padding"] = True
         return mb
+
+    def _report_no_update(self, step: int) -> None:
+        """One line per step that learns nothing because train.group_filter dropped every group, on
+        every rank's data (plan_update is None only then), with how often it happened so far."""
+        self.steps_without_update += 1
+        if self.dist.is_main:
+            lo, hi = self.cfg.train.group_filter
+            log.warning("step %d made no update: train.group_filter=[%g, %g] dropped every group (each group's "
+                        "mean reward is outside the band, e.g. all completions right or all wrong); %d step(s) of "
+                        "this run so far made no update. Widen train.group_filter, raise train.group_size, or "
+                        "unset it", step, lo, hi, self.steps_without_update)
 
     def filter_groups(self, batch: RolloutBatch) -> RolloutBatch:
         """The groups train.group_filter keeps: mean valid reward within [lo, hi] (all when unset).

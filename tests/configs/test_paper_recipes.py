@@ -125,7 +125,7 @@ def _shrink(cfg: RLConfig, family: str, tmp_path: Path) -> list[str]:
         out += ["rollout.gen_length=64", "rollout.steps=2"]
     else:
         out += ["rollout.gen_length=8", "rollout.steps=8"]
-        if cfg.rollout.name in ("masked", "block"):
+        if cfg.rollout.name in ("auto", "masked", "block"):
             out.append("rollout.block_length=8")
     if "block_length" in cfg.method.estimator_args:
         out.append("method.estimator_args.block_length=8")  # SPG's per-block masks: one block of 8
@@ -150,6 +150,17 @@ def test_every_method_has_its_main_recipe():
     assert len(mains) == 16, sorted(mains)
     for sub in (p for p in PAPER.iterdir() if p.is_dir()):
         assert any(m.startswith(sub.name + "_") for m in mains), f"configs/paper/{sub.name}/ has no main recipe"
+
+
+def test_dream_recipes_state_the_filters_their_rollouts_ran_with():
+    """DiffuCoder's coupled_grpo.py and GDSD's TLC trainer call diffusion_generate with top_p 0.95 and no
+    top_k, which then came from transformers 4.x's legacy generation default, 50 (tests/fixtures/dream
+    pins that behaviour of their code); ddrl's Dream sampler defaults to no top-k, so the recipes say it."""
+    dream = [p for p in RECIPES if load_config(p, cls=RLConfig).rollout.name == "dream"]
+    assert {_recipe_id(p) for p in dream} == {"coupled_grpo_llada8b.yaml", "gdsd_tlc/countdown.yaml"}
+    for path in dream:
+        rollout = load_config(path, cls=RLConfig).rollout
+        assert (rollout.top_k, rollout.top_p) == (50, 0.95), f"{path}: top_k / top_p as the peer's rollout ran"
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=_recipe_id)

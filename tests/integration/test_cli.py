@@ -64,3 +64,24 @@ def test_demo_runs_end_to_end_on_the_shipped_model(tmp_path):
     assert rows[0]["eval/accuracy_lo"] <= rows[0]["eval/accuracy"] <= rows[0]["eval/accuracy_hi"]
     gain = [line for line in proc.stdout.splitlines() if "gain on the test split, same 16 examples" in line]
     assert len(gain) == 1 and "[" in gain[0] and "n=16" in gain[0], proc.stdout
+
+
+def test_train_logs_what_lora_wraps_and_quiet_silences_it(tiny_sudoku_model, tmp_path):
+    """The CLI configures logging: INFO lines (LoRA's wrapped layers) on stderr; --quiet keeps warnings only."""
+    args = [ROOT / "configs/rl/grpo_mini_sudoku.yaml", f"model.path={tiny_sudoku_model}", "train.steps=1",
+            "train.prompts_per_step=2", "train.group_size=2", "eval.n=0", "eval.before=false", "train.progress=false",
+            "train.tensorboard=false", "model.lora.rank=2", "model.lora.alpha=4"]
+    loud = ddrl("train", *args, f"output_dir={tmp_path / 'loud'}")
+    assert loud.returncode == 0, loud.stderr
+    assert "ddrl: LoRA wraps" in loud.stderr, loud.stderr
+    quiet = ddrl("train", "--quiet", *args, f"output_dir={tmp_path / 'quiet'}")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "LoRA wraps" not in quiet.stderr, quiet.stderr
+
+
+def test_eval_names_sampler_settings_as_flags(tiny_sudoku_model):
+    proc = ddrl("eval", "--model", tiny_sudoku_model, "--task", "mini_sudoku", "--n", 2, "--sampler", "block")
+    assert proc.returncode == 2, proc.stderr
+    assert "--sampler='block' does not fit" in proc.stderr and "rollout." not in proc.stderr, proc.stderr
+    proc = ddrl("eval", "--model", tiny_sudoku_model, "--task", "mini_sudoku", "--n", 2, "--threshold", 2)
+    assert proc.returncode == 2 and "--threshold must be in (0, 1]" in proc.stderr, proc.stderr

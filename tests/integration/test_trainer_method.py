@@ -154,8 +154,28 @@ def test_a_step_whose_groups_are_all_filtered_skips_the_update(tiny_sudoku_model
     trainer = _trainer(tiny_sudoku_model, tmp_path, "grpo", "train.group_filter=[0.2,0.8]", "train.minibatches=2")
     trainer.task.reward = lambda completions, **_: [1.0] * len(completions)  # every group all right: filtered
     steps, _ = _spy_steps_and_counts(trainer)
+    lines = _log_lines("ddrl.training.trainer")
     metrics = trainer.train_step(1)
     assert steps == [] and metrics["update/skipped"] == 1.0 and metrics["update/groups_kept_frac"] == 0.0
+    trainer.train_step(2)
+    # not silent: one line per such step, saying why and how often so far
+    assert len(lines) == 2, lines
+    assert "step 2 made no update: train.group_filter=[0.2, 0.8] dropped every group" in lines[1]
+    assert "2 step(s) of this run so far" in lines[1]
+
+
+def _log_lines(name: str) -> list[str]:
+    """The messages logged to `name` from now on (whatever handlers the CLI set on "ddrl")."""
+    import logging
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logging.getLogger(name).addHandler(Keep(logging.INFO))
+    return lines
 
 
 def test_minibatch_shares_after_a_filter_hold_whole_groups(tiny_sudoku_model, tmp_path):
