@@ -1,4 +1,5 @@
-"""Text <-> token batches: left-padded prompts, EOS-terminated completions.
+"""Text <-> token batches: left-padded prompts, EOS-terminated completions; rollout ids -> what a
+task scores (text, or decoded pixels for image tasks: `task_completions`).
 
 Shared by pretraining, RL rollouts and evaluation, so that the three see prompts the same way.
 
@@ -15,7 +16,8 @@ compact SymbolTokenizer has no template, so it takes a ChatPrompt only when it i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -141,3 +143,81 @@ def decode_completions(tokenizer: Any, completion_ids: Tensor,
             row = row[:first]
         texts.append(tokenizer.decode(row, skip_special_tokens=True))
     return texts
+
+
+# --------------------------------------------------------------------------------------------
+# Rollout ids -> what the task scores
+# --------------------------------------------------------------------------------------------
+#
+# A completion is what the task scores: a string for text (and DNA), an image for text-to-image.
+# The task names its modality (`task.modality`, "text" when absent); the model family owns the
+# decoder (`model.decode_images`, `model.image_token_range`). Rewards keep their plain-function
+# shape, `reward(completions, images=..., **columns)`: the images ride along as a keyword, so a
+# trainer or evaluator never branches on the modality, it passes `reward_inputs()` through.
+
+
+@dataclass
+class TaskCompletions:
+    """What a task scores, decoded from a batch of completion ids [n, L]."""
+
+    texts: list[str]  # [n] text up to the first stop token; "" for an image completion (it has no text)
+    images: Tensor | None = None  # [n, 3, H, W] float32 in [0, 1], model.decode_images(codes); image tasks
+
+    def reward_inputs(self) -> dict[str, Any]:
+        """The keyword arguments a reward takes beside completions and columns: images=... or none."""
+        return {} if self.images is None else {"images": self.images}
+
+
+def _text_completions(model: Any, task: Any, completion_ids: Tensor) -> TaskCompletions:
+    return TaskCompletions(decode_completions(model.tokenizer, completion_ids, model_stop_ids(model)))
+
+
+def _image_completions(model: Any, task: Any, completion_ids: Tensor) -> TaskCompletions:
+    return TaskCompletions([""] * len(completion_ids), decode_image_ids(model, completion_ids, task_image_grid(task)))
+
+
+MODALITIES: dict[str, Callable[[Any, Any, Tensor], TaskCompletions]] = {
+    "text": _text_completions,
+    "image": _image_completions,
+}
+
+
+def task_completions(model: Any, task: Any, completion_ids: Tensor) -> TaskCompletions:
+    """The one function that turns rollout ids into task completions (training, eval, sample)."""
+    modality = getattr(task, "modality", "text")
+    if modality not in MODALITIES:
+        raise ValueError(f"task {getattr(task, 'name', task)!r} has modality {modality!r}; ddrl scores "
+                         f"{', '.join(MODALITIES)}")
+    return MODALITIES[modality](model, task, completion_ids)
+
+
+def task_image_grid(task: Any) -> tuple[int, int]:
+    """(h, w) of an image task's token grid: its completion is h * w image codes, row-major."""
+    grid = getattr(task, "image_grid", None)
+    if grid is None or len(grid) != 2 or not all(isinstance(v, int) and v > 0 for v in grid):
+        raise ValueError(f"image task {getattr(task, 'name', task)!r} must say its token grid as "
+                         f"task.image_grid = (h, w), got {grid!r}")
+    return int(grid[0]), int(grid[1])
+
+
+@torch.no_grad()
+def decode_image_ids(model: Any, completion_ids: Tensor, grid: tuple[int, int]) -> Tensor:
+    """[n, h*w] image-token ids -> [n, 3, H, W] float32 pixels in [0, 1] through the model's decoder.
+
+    The model's image tokens are ids image_token_range = (first, end): code c is id first + c."""
+    decode, span = getattr(model, "decode_images", None), getattr(model, "image_token_range", None)
+    if decode is None or span is None:
+        raise ValueError(f"an image task needs a model with an image decoder (model.decode_images and "
+                         f"model.image_token_range: URSA, MMaDA with its VQ model); this {getattr(model, 'family', '')} "
+                         f"model has none")
+    (h, w), (n, length) = grid, completion_ids.shape
+    if length != h * w:
+        raise ValueError(f"the completion has {length} tokens but the task's image grid {h}x{w} needs {h * w}; "
+                         f"set rollout.gen_length={h * w}")
+    first, end = int(span[0]), int(span[1])
+    codes = completion_ids - first  # [n, h*w]
+    if bool(((codes < 0) | (codes >= end - first)).any()):  # one host read per batch of images
+        raise ValueError(f"completion ids outside the image codebook [{first}, {end}): the sampler must draw "
+                         f"image codes only (the model's logits_range)")
+    pixels = decode(codes.view(n, h, w))  # [n, 3, H, W]
+    return pixels.float().clamp(0.0, 1.0)

@@ -26,9 +26,12 @@ from typing import Any, Callable
 import torch
 
 from ddrl.config import SamplerConfig, validate_sampler
-from ddrl.data import decode_completions, encode_prompts, model_stop_ids
+from ddrl.data import encode_prompts, task_completions
 from ddrl.registry import SAMPLERS
+from ddrl.rewards.pixels import save_image_grid, to_uint8
 from ddrl.sampling.checks import AUTO, resolve_sampler
+
+PREVIEW_IMAGES = 16  # an image task's evaluation keeps this many examples' pictures (a 4 x 4 grid PNG)
 
 
 def default_sampler(model: Any, task: Any, *, key: str = "sampler", **overrides: Any) -> SamplerConfig:
@@ -77,6 +80,8 @@ class Scoring:
     metric:   metric(texts, **columns) -> list[float] in [0, 1], the per-item accuracy; None = correct.
     raw_text: correct/metric read every generated token decoded with its special tokens, as d1's
               evaluation does (batch_decode(..., skip_special_tokens=False)); False = the cut text.
+    task:     whose modality decodes the ids (ddrl.data.task_completions); None = text. reward,
+              correct and metric also take its reward inputs (images=[n, 3, H, W] for image tasks).
     """
 
     prompt: Callable[[dict[str, Any]], Any]
@@ -84,6 +89,7 @@ class Scoring:
     correct: ScoreFn
     metric: ScoreFn | None = None
     raw_text: bool = False
+    task: Any = None
 
 
 def task_scoring(task: Any) -> Scoring:
@@ -96,7 +102,7 @@ def task_scoring(task: Any) -> Scoring:
     metric = getattr(task, "metric", None)
     if metric is not None and getattr(type(task), "metric", None) is Task.metric:
         metric = None
-    return Scoring(prompt=lambda ex: ex["prompt"], reward=task.reward, correct=task.correct, metric=metric)
+    return Scoring(prompt=lambda ex: ex["prompt"], reward=task.reward, correct=task.correct, metric=metric, task=task)
 
 
 @torch.no_grad()
@@ -223,7 +229,6 @@ def _sample_rows(model: Any, examples: list[dict], indices: list[int], sampler: 
     if getattr(model, "max_seq_len", None):
         max_prompt = model.max_seq_len - sampler.gen_length
     sample_fn = SAMPLERS.get(resolve_sampler(model, sampler.name, "sampler"))
-    stop_ids = model_stop_ids(model)
     was_training = model.training
     model.eval()
     rows: list[dict[str, Any]] = []
@@ -239,19 +244,22 @@ def _sample_rows(model: Any, examples: list[dict], indices: list[int], sampler: 
                            for i in chunk_ids], rows_per_generator=k)
         out = sample_fn(model, prompt_ids, prompt_mask, sampler, generator=g)
         nfe += out.nfe
-        texts = decode_completions(model.tokenizer, out.completion_ids, stop_ids)
+        done = task_completions(model, scoring.task, out.completion_ids)  # texts, or decoded images
+        texts, extra = done.texts, done.reward_inputs()
         scored = texts
         if scoring.raw_text:  # every generated token, special tokens included (d1's decode)
             scored = [model.tokenizer.decode(row, skip_special_tokens=False) for row in out.completion_ids.tolist()]
         columns = {c: [ex.get(c) for ex in chunk for _ in range(k)] for c in chunk[0] if c != "prompt"}
-        rewards = scoring.reward(texts, **columns)
-        correct = scoring.correct(scored, **columns)
-        metric = scoring.metric(scored, **columns) if scoring.metric is not None else None
-        for j, prompt in enumerate(prompts):
+        rewards = scoring.reward(texts, **columns, **extra)
+        correct = scoring.correct(scored, **columns, **extra)
+        metric = scoring.metric(scored, **columns, **extra) if scoring.metric is not None else None
+        for j, (prompt, index) in enumerate(zip(prompts, chunk_ids)):
             part = slice(j * k, (j + 1) * k)
             row = {"prompt": _jsonable_prompt(prompt), "completions": texts[part],
                    "rewards": [None if r is None else float(r) for r in rewards[part]],
                    "correct": [bool(c) for c in correct[part]]}
+            if done.images is not None and index < PREVIEW_IMAGES:  # the first examples' first sample, as a picture
+                row["image"] = to_uint8(done.images[j * k]).cpu()
             if metric is not None:
                 row["metric"] = [float(m) for m in metric[part]]
             if scoring.raw_text:
@@ -287,8 +295,17 @@ def pass_at_k(rows: list[dict[str, Any]], k: int, clusters: Any = None) -> dict[
 
 
 def write_rows(path: str | Path, rows: list[dict[str, Any]]) -> None:
+    """One JSON line per row; an image task's preview pictures go to a PNG grid beside it (same stem),
+    each captioned with its prompt, and its row names its tile ("image": "step-10.png#3")."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    pictures = [(i, row.pop("image")) for i, row in enumerate(rows) if "image" in row]
+    if pictures:
+        grid = path.with_suffix(".png")
+        save_image_grid(torch.stack([img for _, img in pictures]), grid,
+                        captions=[str(rows[i]["prompt"]) for i, _ in pictures])
+        for tile, (i, _) in enumerate(pictures):
+            rows[i]["image"] = f"{grid.name}#{tile}"
     with path.open("w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")

@@ -123,6 +123,12 @@ class Task:
     success_threshold: float = 1.0
     #: Prompt format: "compact" (symbol-level, for the built-in tiny models) or "chat" (HF models).
     format: str = "compact"
+    #: What a completion is (ddrl.data.MODALITIES): "text", or "image": the completion is
+    #: image_grid = (h, w) image codes that the model's decoder turns into pixels, and reward,
+    #: correct and metric also receive images=[n, 3, H, W] float in [0, 1].
+    modality: str = "text"
+    #: (h, w) of an image task's token grid (its completion is h * w codes, row-major); None for text.
+    image_grid: tuple[int, int] | None = None
 
     def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """n training examples, deterministic in seed."""

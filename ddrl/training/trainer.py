@@ -36,7 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ddrl.config import RLConfig, SamplerConfig, load_config, save_config, task_kwargs
-from ddrl.data import completion_mask, decode_completions, encode_prompts, is_stop, model_stop_ids
+from ddrl.data import completion_mask, encode_prompts, is_stop, model_stop_ids, task_completions
 from ddrl.processes.draws import RowGenerators
 from ddrl.registry import SAMPLERS
 from ddrl.training import checkpoint as ckpt
@@ -310,7 +310,7 @@ class Trainer:
                           return_trajectory=self.needs_trajectory)
         self.model.train()
         stop_ids = model_stop_ids(self.model)  # EOS and any end-of-turn id (a chat checkpoint's <|im_end|>)
-        completions = decode_completions(self.model.tokenizer, out.completion_ids, stop_ids)
+        completions = task_completions(self.model, self.task, out.completion_ids)  # texts, or decoded images
         K = t.num_iterations
         seeds = torch.tensor([derive_seed(self.cfg.seed, "mask", step, k) % 2**62 for k in range(K)])
         B = len(prompt_ids)
@@ -319,9 +319,10 @@ class Trainer:
             completion_mask=completion_mask(out.completion_ids, stop_ids),
             group_ids=torch.arange(per_rank, device=self.device).repeat_interleave(G),
             rewards=torch.zeros(B, device=self.device), advantages=torch.zeros(B, device=self.device),
-            mask_seeds=seeds, completions=completions, trajectory=out.trajectory,
+            mask_seeds=seeds, completions=completions.texts, trajectory=out.trajectory,
         )
         batch.extras["examples"] = [ex for ex in examples for _ in range(G)]
+        batch.extras["reward_inputs"] = completions.reward_inputs()  # images=[B, 3, H, W] for image tasks
         batch.extras["nfe"] = out.nfe
         batch.extras["forward_tokens"] = out.forward_tokens or 0  # rows x tokens fed (cost)
         return batch
@@ -329,7 +330,7 @@ class Trainer:
     def score(self, batch: RolloutBatch) -> None:
         examples = batch.extras.pop("examples")
         columns = {c: [ex.get(c) for ex in examples] for c in examples[0] if c != "prompt"}
-        rewards = self.task.reward(batch.completions, **columns)
+        rewards = self.task.reward(batch.completions, **columns, **batch.extras.pop("reward_inputs", {}))
         values = [float("nan") if r is None else float(r) for r in rewards]
         batch.rewards = torch.tensor(values, dtype=torch.float32, device=self.device)
         truncated = self.cfg.train.truncated_reward
