@@ -8,6 +8,7 @@
     ddrl demo                                  the main job on the CPU
     ddrl methods                               every registered objective/estimator with its paper
     ddrl compare                               every method on the same tiny task and budget
+    ddrl serve-reward --reward MODULE:FUNCTION  a reward function as an HTTP server (JSON + PNG)
 
 Bad input ends with one line `ddrl: error: ...` naming the problem and the fix (exit code 2).
 Log lines (which layers LoRA wraps, steps that made no update, ...) go to stderr as `ddrl: ...`:
@@ -122,6 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default="configs/rl/compare_mini_sudoku.yaml", help="base config")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds, the same for every method")
     p.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
+
+    p = _command(sub, "serve-reward", help="serve a reward function over HTTP (JSON + PNG)", epilog=EPILOG,
+                 description="Run a reward function as a server that RewardServerClient(url) calls: "
+                             "GET /health, POST /score (ddrl/rewards/server.py).")
+    p.add_argument("--reward", required=True,
+                   help="pickscore | clip_score (with --arg model=DIR) | module:function, a reward function "
+                        "or, with --arg, a factory that returns one")
+    p.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="factory argument")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
+    p.add_argument("--port", type=int, default=18085, help="port (0 = any free one; default 18085)")
     return parser
 
 
@@ -320,8 +331,33 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve_reward(args: argparse.Namespace) -> int:
+    import importlib
+
+    from ddrl.rewards import model_based
+    from ddrl.rewards.server import serve_reward
+
+    builtin = {"pickscore": model_based.pickscore_reward, "clip_score": model_based.clip_score_reward}
+    kwargs = _task_kwargs(args.arg)
+    if args.reward in builtin:
+        reward = builtin[args.reward](**kwargs)
+    elif ":" in args.reward:
+        module, name = args.reward.split(":", 1)
+        reward = getattr(importlib.import_module(module), name)
+        reward = reward(**kwargs) if kwargs else reward
+    else:
+        raise ValueError(f"--reward {args.reward!r}: use {' | '.join(builtin)} or module:function")
+    server = serve_reward(reward, args.host, args.port, name=args.reward)
+    print(f"serving reward {args.reward} at {server.url} (GET /health, POST /score)", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0
+
+
 COMMANDS = {"pretrain": _cmd_pretrain, "train": _cmd_train, "eval": _cmd_eval, "sample": _cmd_sample,
-            "demo": _cmd_demo, "methods": _cmd_methods, "compare": _cmd_compare}
+            "demo": _cmd_demo, "methods": _cmd_methods, "compare": _cmd_compare, "serve-reward": _cmd_serve_reward}
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from ddrl.rewards.composite import CompositeReward, d1_math_reward, per_completi
 from ddrl.rewards.format import (boxed_reward, extract_answer, extract_boxed, soft_format_reward,
                                  strict_format_reward)
 from ddrl.rewards.math import gold_answer, math_correct, math_correctness_reward
-from ddrl.rewards.pixels import save_image_grid, to_pil
 
 _LAZY = {
     "digits_classifier_reward": "ddrl.rewards.image",
@@ -33,6 +32,13 @@ _LAZY = {
     "ModelReward": "ddrl.rewards.model_based",
     "HFSequenceClassifierReward": "ddrl.rewards.model_based",
     "ClipStyleImageReward": "ddrl.rewards.model_based",
+    "CLIPImageReward": "ddrl.rewards.model_based",
+    "pickscore_reward": "ddrl.rewards.model_based",
+    "clip_score_reward": "ddrl.rewards.model_based",
+    "to_pil": "ddrl.rewards.pixels",
+    "save_image_grid": "ddrl.rewards.pixels",
+    "RewardServerClient": "ddrl.rewards.server",
+    "serve_reward": "ddrl.rewards.server",
 }
 
 
@@ -44,4 +50,4 @@ def __getattr__(name: str) -> Any:  # numpy/torch load only when an image or mod
 
 __all__ = ["CompositeReward", "d1_math_reward", "per_completion", "boxed_reward", "extract_answer",
            "extract_boxed", "soft_format_reward", "strict_format_reward", "gold_answer", "math_correct",
-           "math_correctness_reward", "save_image_grid", "to_pil", *_LAZY]
+           "math_correctness_reward", *_LAZY]

@@ -22,8 +22,9 @@ RewardFn = Callable[..., list[float | None]]
 
 
 def column_value(column: Any, i: int) -> Any:
-    """Row i of a column: a list/tuple is indexed (None past its end); anything else is broadcast."""
-    if isinstance(column, (list, tuple)):
+    """Row i of a column: a list/tuple, or a tensor's first dimension (images=[n, 3, H, W]), is indexed
+    (None past its end); anything else is broadcast."""
+    if isinstance(column, (list, tuple)) or (hasattr(column, "dim") and column.dim() > 0):
         return column[i] if i < len(column) else None
     return column
 

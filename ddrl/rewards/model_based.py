@@ -11,6 +11,10 @@ Adapters:
   the score; several: the probability of `label`), fed prompt + completion as a text pair.
 - `ClipStyleImageReward`: cosine similarity between an image embedding of the completion and a
   text embedding of a column (the prompt), as CLIP-score rewards do for text-to-image RL.
+- `CLIPImageReward` (`pickscore_reward`, `clip_score_reward`): a transformers `CLIPModel` from a
+  local directory scoring the decoded images of an image task (`images=[n, 3, H, W]` in [0, 1]) against
+  the prompt: logit_scale * cos(image, text) / max_score, as UDM-GRPO's scorers do (PickScore
+  max_score 26, CLIP score 100; diffnext/rewards/reward_image.py @ d1bec49).
 
 Only ddrl/models/hf.py imports transformers at module level; the HF adapter imports it lazily, and
 only when it is given a directory/hub name rather than built objects.
@@ -172,3 +176,64 @@ class ClipStyleImageReward(ModelReward):
         for i, s in zip(valid, sims.tolist()):
             out[i] = s
         return out
+
+
+class CLIPImageReward(ModelReward):
+    """logit_scale * cos(image, prompt) / max_score from a transformers CLIPModel, for image tasks.
+
+    model:      a local CLIP directory (config.json + weights + the processor's files: PickScore_v1,
+                clip-vit-large-patch14, ...) or a built CLIPModel, with `processor` then required.
+    max_score:  the divisor that puts the score near [0, 1]: 26 for PickScore, 100 for CLIP score.
+    The images come from the `images` keyword (reward(completions, images=..., prompt=...)), one per
+    completion; text from `text_column`. The processor resizes and normalises as the scorer was
+    trained (its CLIPImageProcessor); text is cut to 77 tokens, as theirs.
+    """
+
+    def __init__(self, model: str | Path | nn.Module, processor: Any = None, *, max_score: float = 26.0,
+                 text_column: str = "prompt", batch_size: int = 8, on_error: float | None = None,
+                 dtype: torch.dtype | None = None):
+        super().__init__(batch_size=batch_size, on_error=on_error)
+        if isinstance(model, (str, Path)):
+            from transformers import CLIPModel, CLIPProcessor  # lazy: only models/hf.py imports it eagerly
+
+            if not Path(model).is_dir():
+                raise FileNotFoundError(f"CLIP reward model directory {model} does not exist; nothing is "
+                                        f"downloaded: pass a local copy (e.g. of yuvalkirstain/PickScore_v1)")
+            processor = processor or CLIPProcessor.from_pretrained(str(model))
+            model = CLIPModel.from_pretrained(str(model), dtype=dtype or torch.float32)
+        if processor is None:
+            raise ValueError("CLIPImageReward(model=<module>) needs processor=")
+        if not max_score > 0:
+            raise ValueError(f"max_score must be > 0, got {max_score}")
+        self.model = model.eval()
+        self.processor = processor
+        self.max_score = float(max_score)
+        self.text_column = text_column
+
+    def score_batch(self, completions: list[str], columns: dict[str, list[Any]]) -> Tensor:
+        from ddrl.rewards.pixels import to_pil
+
+        images, texts = columns.get("images"), columns.get(self.text_column)
+        if images is None or any(im is None for im in images):
+            raise ValueError("CLIPImageReward scores images: call it on an image task (images=[n, 3, H, W])")
+        if texts is None:
+            raise ValueError(f"CLIPImageReward needs the {self.text_column!r} column")
+        dtype = next(self.model.parameters()).dtype
+        pixels = self.processor(images=to_pil(torch.stack(list(images))), return_tensors="pt")["pixel_values"]
+        words = self.processor(text=[str(t) for t in texts], padding=True, truncation=True, max_length=77,
+                               return_tensors="pt")
+        image = self.model.get_image_features(pixel_values=pixels.to(self.device, dtype))  # [b, D]
+        text = self.model.get_text_features(**{k: v.to(self.device) for k, v in words.items()})  # [b, D]
+        image, text = (getattr(x, "pooler_output", x) for x in (image, text))  # transformers 5 may wrap them
+        cos = torch.nn.functional.cosine_similarity(image.float(), text.float(), dim=-1)  # [b]
+        return self.model.logit_scale.float().exp() * cos / self.max_score
+
+
+def pickscore_reward(model: str | Path, **kwargs: Any) -> CLIPImageReward:
+    """PickScore (Kirstain et al. 2023) from a local PickScore_v1 directory: logit_scale * cos / 26."""
+    return CLIPImageReward(model, max_score=26.0, **kwargs)
+
+
+def clip_score_reward(model: str | Path, **kwargs: Any) -> CLIPImageReward:
+    """CLIP score from a local CLIP directory (e.g. clip-vit-large-patch14): logit_scale * cos / 100."""
+    return CLIPImageReward(model, max_score=100.0, **kwargs)
