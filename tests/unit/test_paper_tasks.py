@@ -339,3 +339,15 @@ def test_unknown_preset_fails_listing_the_available_ones(tmp_path, test_presets)
         get_task("gsm8k", test_path=write_jsonl(tmp_path / "g.jsonl", gsm8k_rows(0, 2)), preset="nopaper")
     with pytest.raises(ValueError, match="no preset 'testpaper' for task 'math500'"):
         get_task("math500", test_path=str(tmp_path / "g.jsonl"), question_field="question", preset="testpaper")
+
+
+def test_training_on_one_file_twice_fails_before_the_model_loads(tmp_path):
+    """The train rows are read and checked before the model: the overlap error, not a model error."""
+    from ddrl.config import RLConfig, load_config
+    from ddrl.training.trainer import Trainer
+
+    path = write_jsonl(tmp_path / "gsm8k_test.jsonl", gsm8k_rows(0, 10))
+    cfg = load_config({"model": {"path": str(tmp_path / "no-model-here")}, "output_dir": str(tmp_path / "run"),
+                       "task": {"name": "gsm8k", "args": {"train_path": path, "test_path": path}}}, cls=RLConfig)
+    with pytest.raises(ValueError, match="all 10 train rows are also test rows"):
+        Trainer(cfg)
