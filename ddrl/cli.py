@@ -43,10 +43,13 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--alg-temp", dest="alg_temp", type=float, help="dream sampler: temperature of the commit order")
     g.add_argument("--top-p", dest="top_p", type=float, help="nucleus filter (dream, sdar_dynamic)")
     g.add_argument("--top-k", dest="top_k", type=int, help="top-k filter (dream, sdar_dynamic)")
+    g.add_argument("--max-prompt-length", dest="max_prompt_length", type=int,
+                   help="keep the last N tokens of a longer prompt, as TRL and d1 do (default: a prompt "
+                        "too long for the model is an error)")
 
 
 _SAMPLER_KEYS = ("name", "steps", "gen_length", "block_length", "temperature", "cfg_scale", "remasking",
-                 "threshold", "cache", "alg", "alg_temp", "top_p", "top_k")
+                 "threshold", "cache", "alg", "alg_temp", "top_p", "top_k", "max_prompt_length")
 
 
 def _command(sub: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
@@ -260,7 +263,7 @@ def _eval_protocol(args: argparse.Namespace, task: Any) -> int:
 def _cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from ddrl.data import decode_completions, encode_prompts, model_stop_ids
+    from ddrl.data import decode_completions, encode_prompts, model_stop_ids, prompt_budget
     from ddrl.eval.runner import default_sampler
     from ddrl.models import load_model
     from ddrl.registry import SAMPLERS
@@ -276,9 +279,9 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
     cfg = default_sampler(model, _Len(), key=FLAGS, **{k: getattr(args, k) for k in _SAMPLER_KEYS})
     check_sampler(cfg, FLAGS, block_size=getattr(model, "block_size", None) or None)  # named as flags
-    max_prompt = model.max_seq_len - cfg.gen_length if getattr(model, "max_seq_len", None) else None
+    max_prompt = prompt_budget(model, cfg, "--max-prompt-length", "--gen-length")
     ids, mask = encode_prompts(model.tokenizer, [args.prompt] * args.n, max_length=max_prompt,
-                               device=next(model.parameters()).device)
+                               max_prompt_length=cfg.max_prompt_length, device=next(model.parameters()).device)
     g = torch.Generator().manual_seed(args.seed)
     with torch.no_grad():
         out = SAMPLERS.get(cfg.name)(model, ids, mask, cfg, generator=g)

@@ -93,6 +93,10 @@ class SamplerConfig:
     cache: str = "auto"  # KV cache: none (reference) | prefix | dual (Fast-dLLM, approximate) | auto (exact cache on block-causal models, none elsewhere)
     factor: float | None = None  # Fast-dLLM factor rule: commit the largest n with (n+1)(1-c_(n)) < factor
     early_exit: bool = True  # stop spending compute on sequences that already produced EOS
+    # keep the last N tokens of a longer prompt, as TRL and d1 do (d1: 200); the sampler, the likelihood
+    # passes and evaluation all see the cut prompt; counted as rollout/truncated_prompts. None = no cut,
+    # and a prompt longer than the model's max_seq_len - gen_length is an error
+    max_prompt_length: int | None = None
     # Gumbel noise of masked/block/emerge, drawn on the model's device: float32 | float64 (the
     # reference's: its tail also reaches tempered probabilities below ~6e-8; twice the draw's memory)
     noise_dtype: str = "float32"
@@ -470,6 +474,10 @@ def validate_sampler(s: SamplerConfig, key: str = "rollout") -> None:
         check_sampler(s, key)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    n = s.max_prompt_length
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ConfigError(f"{key}.max_prompt_length must be a positive number of tokens (each longer prompt keeps "
+                          f"its last N), or null for no truncation; got {n!r}")
 
 
 # Why bf16 trainable weights are refused (config validation and build_optimizer say the same).

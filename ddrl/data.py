@@ -8,6 +8,11 @@ that ends a turn (a chat checkpoint's <|im_end|>, listed in its generation_confi
 DiffusionLM.stop_token_ids). `model_stop_ids(model)` is the one place that reads them; the
 samplers' early exit, the completion mask and the decoded text all go through it.
 
+**Prompt length.** The model takes max_seq_len tokens, so a prompt may have max_seq_len - gen_length
+(`prompt_budget`). A longer prompt is an error unless `max_prompt_length` is set: then each longer
+prompt keeps its last max_prompt_length tokens (`truncate_prompts`), as TRL and d1 do. The RL
+trainer cuts the step's prompts once, so the sampler and every likelihood pass see the same tokens.
+
 **Prompts** are a `str` (one user message) or a `ddrl.tasks.base.ChatPrompt` (a system message and
 assistant text pre-filled after the chat template's generation prompt, as d1's evaluation does).
 A Hugging Face tokenizer renders both through its chat template (HFTokenizer.encode_prompt); the
@@ -38,8 +43,38 @@ def prompt_parts(prompt: str | ChatPrompt) -> tuple[str, str | None, str]:
 
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[str | ChatPrompt], *, max_length: int | None = None,
-                   add_bos: bool = True, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
-    """Tokenise and LEFT-pad prompts (str or ChatPrompt). Returns prompt_ids [B, P] long, prompt_mask [B, P] bool."""
+                   max_prompt_length: int | None = None, add_bos: bool = True,
+                   device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+    """Tokenise and LEFT-pad prompts (str or ChatPrompt). Returns prompt_ids [B, P] long, prompt_mask [B, P] bool.
+
+    max_prompt_length: keep the last that many tokens of a longer prompt (truncate_prompts);
+    max_length: the most prompt tokens the model accepts, a longer prompt is an error (pad_prompts).
+    """
+    rows, _ = truncate_prompts(tokenize_prompts(tokenizer, prompts, add_bos=add_bos), max_prompt_length)
+    return pad_prompts(rows, tokenizer.pad_token_id, max_length=max_length, device=device)
+
+
+def prompt_budget(model: Any, sampler: Any, option: str = "rollout.max_prompt_length",
+                  length_option: str = "rollout.gen_length") -> int | None:
+    """The most prompt tokens the model takes next to sampler.gen_length completion tokens
+    (max_seq_len - gen_length; None when the model states no limit), after checking that
+    sampler.max_prompt_length fits in it: a cut that still leaves prompts too long is refused here,
+    before any compute, not at the first long prompt. option, length_option: the settings' names
+    in the caller's words (a config key, or `ddrl eval`'s flags)."""
+    max_seq_len = getattr(model, "max_seq_len", None)
+    if not max_seq_len:
+        return None
+    budget = max_seq_len - sampler.gen_length
+    n = getattr(sampler, "max_prompt_length", None)
+    if n is not None and n > budget:
+        raise ValueError(f"{option}={n} does not fit: the model accepts max_seq_len={max_seq_len} tokens and "
+                         f"{length_option}={sampler.gen_length} leaves {budget} for the prompt; set {option} to at "
+                         f"most {budget}")
+    return budget
+
+
+def tokenize_prompts(tokenizer: Any, prompts: Sequence[str | ChatPrompt], *, add_bos: bool = True) -> list[list[int]]:
+    """Each prompt's token ids, chat template (and BOS) included, unpadded."""
     rows = []
     for prompt in prompts:
         if hasattr(tokenizer, "encode_prompt"):  # HF wrapper: chat template, system message, pre-fill
@@ -56,14 +91,35 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str | ChatPrompt], *, max_l
             if add_bos and bos is not None:
                 ids = [bos] + ids
         rows.append(ids)
+    return rows
+
+
+def truncate_prompts(rows: list[list[int]], max_prompt_length: int | None) -> tuple[list[list[int]], int]:
+    """(rows, how many were cut): each row longer than max_prompt_length keeps its LAST
+    max_prompt_length tokens, as TRL's GRPOTrainer and d1 do (`prompt_ids[:, -max_prompt_length:]`
+    on the left-padded batch): the end of the prompt, next to the completion, is kept, and the start
+    (BOS, system turn, the chat template's header) is what goes. None = no truncation."""
+    if max_prompt_length is None:
+        return rows, 0
+    cut = sum(len(r) > max_prompt_length for r in rows)
+    return [r[-max_prompt_length:] for r in rows], cut
+
+
+def pad_prompts(rows: list[list[int]], pad_token_id: int, *, max_length: int | None = None,
+                device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+    """Left-pad token rows to the widest: prompt_ids [B, P] long, prompt_mask [B, P] bool.
+
+    max_length: the most prompt tokens the model accepts (max_seq_len - gen_length); a longer row
+    is refused rather than cut, unless the caller truncated it (max_prompt_length)."""
     width = max(len(r) for r in rows) if rows else 0
     if max_length is not None and width > max_length:
         raise ValueError(
             f"a prompt is {width} tokens long but the model accepts at most {max_length} prompt tokens "
-            f"(max_seq_len minus gen_length); shorten the prompt or use a model with a longer context"
+            f"(max_seq_len minus gen_length); shorten the prompt, use a model with a longer context, or keep "
+            f"each prompt's last {max_length} tokens as TRL and d1 do: max_prompt_length={max_length} "
+            f"(rollout.max_prompt_length in a training config, --max-prompt-length for ddrl eval and sample)"
         )
-    pad = tokenizer.pad_token_id
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.bool)
     for i, r in enumerate(rows):
         if r:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from ddrl.config import SamplerConfig, validate_sampler
-from ddrl.data import encode_prompts, task_completions
+from ddrl.data import encode_prompts, prompt_budget, task_completions
 from ddrl.registry import SAMPLERS
 from ddrl.rewards.pixels import save_image_grid, to_uint8
 from ddrl.sampling.checks import AUTO, resolve_sampler
@@ -225,9 +225,7 @@ def _sample_rows(model: Any, examples: list[dict], indices: list[int], sampler: 
     from ddrl.processes.draws import RowGenerators
 
     device = next(model.parameters()).device
-    max_prompt = None
-    if getattr(model, "max_seq_len", None):
-        max_prompt = model.max_seq_len - sampler.gen_length
+    max_prompt = prompt_budget(model, sampler, "--max-prompt-length", "--gen-length")
     sample_fn = SAMPLERS.get(resolve_sampler(model, sampler.name, "sampler"))
     was_training = model.training
     model.eval()
@@ -239,7 +237,8 @@ def _sample_rows(model: Any, examples: list[dict], indices: list[int], sampler: 
         chunk = [examples[i] for i in chunk_ids]
         prompts = [scoring.prompt(ex) for ex in chunk]
         prompt_ids, prompt_mask = encode_prompts(model.tokenizer, [p for p in prompts for _ in range(k)],
-                                                 max_length=max_prompt, device=device)
+                                                 max_length=max_prompt, max_prompt_length=sampler.max_prompt_length,
+                                                 device=device)  # cut as the rollouts are (rollout.max_prompt_length)
         g = RowGenerators([torch.Generator(device=generator_device).manual_seed(example_seed(seed, i))
                            for i in chunk_ids], rows_per_generator=k)
         out = sample_fn(model, prompt_ids, prompt_mask, sampler, generator=g)

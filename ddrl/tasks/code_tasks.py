@@ -162,6 +162,7 @@ class MbppTask(PresetMixin, CodeTask):
                 "mbpp needs a local file: task.args.path=mbpp.jsonl (split by task id), "
                 "or task.args.train_path= and test_path= (already split)"
             )
+        self._all_train_in_test = False  # train_path= and test_path= hold the same problems: for the error
         if path is not None:
             if dev_fraction is not None:
                 raise ValueError("mbpp path=: dev is MBPP's own validation split (task ids 511-600); "
@@ -174,7 +175,8 @@ class MbppTask(PresetMixin, CodeTask):
             train = [self._example(r) for r in read_records(train_path)] if train_path else []
             self._test = [self._example(r) for r in read_records(test_path)] if test_path else []
             test_texts = {r["text"] for r in self._test}  # files from different sources may overlap
-            train = [r for r in train if r["text"] not in test_texts]
+            read, train = len(train), [r for r in train if r["text"] not in test_texts]
+            self._all_train_in_test = read > 0 and not train
             fraction = DEFAULT_DEV_FRACTION if dev_fraction is None else float(dev_fraction)
             self._train, self._dev = split_fixed_rows(train, lambda r: r["text"], fraction)
 
@@ -201,6 +203,11 @@ class MbppTask(PresetMixin, CodeTask):
         }
 
     def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        if self._all_train_in_test:
+            raise ValueError("mbpp: every train_path row is also in test_path (the same problem text; the same file "
+                             "twice?), and ddrl never trains on a test problem, so no train rows are left. Pass a "
+                             "separate train file (dev_fraction holds part of it out as dev), or path=mbpp.jsonl "
+                             "alone for MBPP's own train/dev/test split by task id")
         if not self._train:
             raise ValueError("mbpp: no train rows (all task ids are in the test range 11-510); pass train_path=")
         return self._preset_prompts(self._train_sample(self._train, n, seed), "train")

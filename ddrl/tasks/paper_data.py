@@ -48,6 +48,13 @@ DEFAULT_DEV_FRACTION = 0.1  # of the train rows, held out as dev
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a .jsonl / .json (a list of objects) / .csv / .parquet file, as dicts."""
+    return [row for _, row in numbered_records(path)]
+
+
+def numbered_records(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """(label, row) for each row of a data file. Labels count from 1, as editors do: "record 3",
+    with the line where the record ends in .jsonl and .csv files ("record 3 (line 4)": a CSV's
+    header is line 1, a .jsonl may have blank lines)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"data file {str(path)!r} does not exist")
@@ -58,24 +65,29 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
         except ImportError:
             raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow "
                               f"(or convert the file to .jsonl)") from None
-        return pq.read_table(path).to_pylist()
+        return [(f"record {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist(), start=1)]
     if suffix == ".csv":
         with path.open(newline="", encoding="utf-8") as f:
-            return [dict(row) for row in csv.DictReader(f)]
+            reader = csv.DictReader(f)
+            return [(f"record {i} (line {reader.line_num})", dict(row)) for i, row in enumerate(reader, start=1)]
     text = path.read_text(encoding="utf-8")
     if suffix == ".json" and text.lstrip().startswith("["):
-        rows = json.loads(text)
+        try:
+            rows = [(f"record {i}", row) for i, row in enumerate(json.loads(text), start=1)]
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e}); a .json data file is one list of objects") from None
     else:
         rows = []
-        for i, line in enumerate(text.splitlines()):
+        for line_no, line in enumerate(text.splitlines(), start=1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    rows.append((f"record {len(rows) + 1} (line {line_no})", json.loads(line)))
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}: line {i + 1} is not valid JSON ({e}); data files are "
+                    raise ValueError(f"{path}: line {line_no} is not valid JSON ({e}); data files are "
                                      f"{', '.join(DATA_SUFFIXES)}") from None
-    if not all(isinstance(r, dict) for r in rows):
-        raise ValueError(f"{path}: every record must be a JSON object")
+    for label, row in rows:
+        if not isinstance(row, dict):
+            raise ValueError(f"{path} {label}: every record must be a JSON object, got {type(row).__name__}")
     return rows
 
 
@@ -146,8 +158,8 @@ class DataSource:
             file = self.path if self.mode == "hash" else self.train_path if split == "train" else self.test_path
             if file is None:
                 raise ValueError(self._missing(split))
-            rows, where = read_records(file), str(file)
-        return [(f"{where} record {i}", row) for i, row in enumerate(rows)]
+            return [(f"{file} {label}", row) for label, row in numbered_records(file)]
+        return [(f"{where} record {i}", row) for i, row in enumerate(rows, start=1)]
 
     def _missing(self, split: str) -> str:
         if split == "dev":
@@ -178,6 +190,7 @@ class FileTask(Task):
     def _init_source(self, source: DataSource) -> None:
         self.source = source
         self._rows: dict[str, list[dict[str, Any]]] = {}  # split -> examples, read on first use
+        self._overlap = (0, 0)  # (train rows dropped as test rows, train rows read), for the error without any
 
     def _example(self, row: dict[str, Any], where: str) -> dict[str, Any]:
         raise NotImplementedError
@@ -192,12 +205,15 @@ class FileTask(Task):
                 raise ValueError(self.source._missing(split))
             # every record is turned into an example, so a malformed row fails whatever its split
             rows = [self._example(row, where) for where, row in self.source.records(side)]
+            read = len(rows)
             if self.source.mode == "hash":
                 tf = self.source.test_fraction
                 rows = [ex for ex in rows if is_test_key(self._split_key(ex), tf) == (side == "test")]
             elif side == "train" and self.source.has("test"):  # files may overlap: never train on a test item
                 held = {self._split_key(ex) for ex in self._split_rows("test")}
                 rows = [ex for ex in rows if self._split_key(ex) not in held]
+            if side == "train":
+                self._overlap = (read - len(rows), read)
             if side == "test":
                 self._rows["test"] = rows
             else:
@@ -209,10 +225,26 @@ class FileTask(Task):
         """n examples, cycling through seeded permutations of the train rows when n exceeds them."""
         rows = self._split_rows("train")
         if not rows and n > 0:
-            raise ValueError(f"task {self.name!r}: no train rows left after dropping test problems and holding "
-                             f"out dev (dev_fraction={self.source.dev_fraction}); pass a larger train file, or "
-                             f"dev_fraction=0")
+            raise ValueError(self._no_train_rows())
         return train_cycle(rows, n, f"{self.name}-train-{seed}")
+
+    def _no_train_rows(self) -> str:
+        """Why the train split is empty, and the fix that applies."""
+        src, (dropped, read) = self.source, self._overlap
+        task = f"task {self.name!r}: no train rows left"
+        if read == 0:
+            return f"{task}: the train data ({src.train_path or src.path or src.dataset}) has no rows"
+        if dropped == read and src.mode != "hash":  # every train row is a test problem: one file given twice?
+            same = (" (train_path and test_path name the same file)" if src.train_path and src.test_path
+                    and Path(src.train_path).resolve() == Path(src.test_path).resolve() else "")
+            return (f"{task}: all {read} train rows are also test rows{same}, and ddrl never trains on a test "
+                    f"problem. Pass a separate train file as train_path (d1 ships only test files; dev_fraction="
+                    f"{DEFAULT_DEV_FRACTION} then holds part of it out as dev), or split one file: path=FILE "
+                    f"split=hash (test_fraction={DEFAULT_TEST_FRACTION} of its rows become test, the rest train, "
+                    f"dev_fraction of those dev)")
+        return (f"{task}: of {read} rows, {dropped} are test rows and dev_fraction={src.dev_fraction} holds the "
+                f"other {read - dropped} out as dev. Pass a larger train file, or dev_fraction=0 to train on "
+                f"every train row")
 
     def dev_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """min(n, size) distinct dev examples (held out of the train rows), in a seeded order."""

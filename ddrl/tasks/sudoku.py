@@ -183,15 +183,35 @@ _D1_SIZE = 16
 
 
 def d1_grid(value: Any, where: str, column: str) -> str:
-    """A d1 grid string, checked. A CSV column typed as integers by some tool loses its leading
-    zeros ("0310..." -> 310...): a shorter digit string not starting with '0' is padded back to 16,
-    as StableDRL does."""
+    """A d1 grid string, checked: 16 characters of 0-4 ('0' = blank).
+
+    A grid stored as a number (a JSON or parquet column typed as integers) has lost its leading
+    zeros ("0310..." -> 310...): an int is padded back to 16 digits, as StableDRL does. A string
+    keeps what the file says (d1's CSVs keep the zero), so a string of another length is an error:
+    padding it would move every given of a mistyped puzzle."""
     text = str(value).strip()
-    if text.isdigit() and len(text) < _D1_SIZE and not text.startswith(D1_BLANK):
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**_D1_SIZE:
         text = text.zfill(_D1_SIZE)
     if len(text) != _D1_SIZE or not set(text) <= set("01234"):
-        raise ValueError(f"{where}: {column} must be 16 characters of 0-4 ('0' = blank), got {value!r}")
+        lost_zero = (f"; if a spreadsheet or pandas stored the grid as a number and dropped its leading '0', "
+                     f"write it back as a 16-character string"
+                     if text.isdigit() and len(text) < _D1_SIZE else "")
+        raise ValueError(f"{where}: {column} must be 16 characters of 0-4 ('0' = blank), got {value!r} "
+                         f"({len(text)} characters){lost_zero}")
     return text
+
+
+def check_d1_solution(puzzle: str, solution: str, where: str) -> None:
+    """A d1 row's Solution must be a solved 4x4 grid that keeps every given of its Puzzle: a wrong
+    solution would score right answers as wrong (the reward compares the blanks with it)."""
+    if not is_valid_solution(solution, 4):
+        raise ValueError(f"{where}: Solution {solution!r} is not a solved 4x4 Sudoku (each row, column and 2x2 "
+                         f"box must hold 1, 2, 3 and 4 once); fix the row or drop it")
+    wrong = [i for i, (p, s) in enumerate(zip(puzzle, solution)) if p != D1_BLANK and p != s]
+    if wrong:
+        cells = ", ".join(f"row {i // 4 + 1} column {i % 4 + 1} ({puzzle[i]} vs {solution[i]})" for i in wrong)
+        raise ValueError(f"{where}: Puzzle {puzzle!r} contradicts its Solution {solution!r} at {cells}; "
+                         f"the givens must equal the solution's cells (are the columns swapped or shifted?)")
 
 
 def d1_answer_digits(completion: str) -> str | None:
@@ -266,6 +286,7 @@ class Sudoku4x4Task(PresetMixin, BlankCellScoring, FileTask):
                              f"'Puzzle,Solution'); fields: {', '.join(map(str, row))}")
         puzzle = d1_grid(lower["puzzle"], where, "Puzzle")
         solution = d1_grid(lower["solution"], where, "Solution")
+        check_d1_solution(puzzle, solution, where)
         return {"prompt": self._prompt(puzzle), "puzzle": puzzle, "solution": solution}
 
     def _split_key(self, example: dict[str, Any]) -> str:

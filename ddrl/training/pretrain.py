@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ddrl.config import PretrainConfig, load_config, save_config, task_kwargs
-from ddrl.data import encode_completions, encode_prompts
+from ddrl.data import encode_completions, encode_prompts, prompt_budget
 from ddrl.training.common import (build_optimizer, build_scheduler, check_writable, derive_seed,
                                   make_generator, pick_device)
 from ddrl.training.logging import MetricsLogger
@@ -84,10 +84,11 @@ def pretrain(config: str | Path | dict | PretrainConfig, overrides: list[str] | 
     save_config(cfg, out / "config.yaml")
 
     L = cfg.sampler.gen_length
-    max_prompt = model.max_seq_len - L if getattr(model, "max_seq_len", None) else None
+    max_prompt = prompt_budget(model, cfg.sampler, "sampler.max_prompt_length", "sampler.gen_length")
 
     def encode(pairs: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-        p_ids, p_mask = encode_prompts(tokenizer, [p["prompt"] for p in pairs], max_length=max_prompt)
+        p_ids, p_mask = encode_prompts(tokenizer, [p["prompt"] for p in pairs], max_length=max_prompt,
+                                       max_prompt_length=cfg.sampler.max_prompt_length)
         c_ids = encode_completions(tokenizer, [p["completion"] for p in pairs], L)
         x0 = torch.cat([p_ids, c_ids], 1)  # [N, T]
         attn = torch.cat([p_mask, torch.ones_like(c_ids, dtype=torch.bool)], 1)

@@ -36,7 +36,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ddrl.config import RLConfig, SamplerConfig, load_config, save_config, task_kwargs
-from ddrl.data import completion_mask, encode_prompts, is_stop, model_stop_ids, task_completions
+from ddrl.data import (completion_mask, is_stop, model_stop_ids, pad_prompts, prompt_budget, task_completions,
+                       tokenize_prompts, truncate_prompts)
 from ddrl.processes.draws import RowGenerators
 from ddrl.registry import SAMPLERS
 from ddrl.training import checkpoint as ckpt
@@ -78,14 +79,14 @@ class Trainer:
         self.method: Method = build_method(cfg)
         self.objective, self.estimator = self.method.objective, self.method.estimator
         self.strategy = resolve_strategy(cfg.dist.strategy, self.dist)
-        self.model = self._load_model()  # on the CPU until the memory check passed
-        self._resolve_sampler()
-        self.max_prompt = (self.model.max_seq_len - cfg.rollout.gen_length
-                           if getattr(self.model, "max_seq_len", None) else None)
         self.pool: list[dict[str, Any]] = []
         self._pool_complete = False  # the task had fewer examples than asked: wrap around
-        if not self.example(0):
+        if not self.example(0):  # the data is read and checked before the model is loaded
             raise ValueError(f"task {self.task.name!r} returned no training examples; check task.args")
+        self.model = self._load_model()  # on the CPU until the memory check passed
+        self._resolve_sampler()
+        self.max_prompt = prompt_budget(self.model, cfg.rollout)
+        self.truncated_prompts = 0  # prompts cut to rollout.max_prompt_length so far (announced once)
         self.ref_model = self._make_reference() if self.method.needs_ref else None
         self.wrapped = self._place_models(cfg.model.mixed_precision)
         self.policy = ModelHandle(self.wrapped, self.model)
@@ -294,8 +295,11 @@ class Trainer:
         # on how the step is split over processes.
         step_prompts = [self.example((step - 1) * t.prompts_per_step + i)["prompt"]
                         for i in range(t.prompts_per_step)]
-        all_ids, all_mask = encode_prompts(self.model.tokenizer, step_prompts, max_length=self.max_prompt,
-                                           device=self.device)  # [N, P]
+        tokenizer = self.model.tokenizer
+        rows, truncated = truncate_prompts(tokenize_prompts(tokenizer, step_prompts), self.cfg.rollout.max_prompt_length)
+        self._announce_truncation(truncated, len(rows))
+        all_ids, all_mask = pad_prompts(rows, tokenizer.pad_token_id, max_length=self.max_prompt,
+                                        device=self.device)  # [N, P]: the prompts the likelihood passes score too
         mine = slice(self.dist.rank * per_rank, (self.dist.rank + 1) * per_rank)
         prompt_ids, prompt_mask = all_ids[mine].repeat_interleave(G, 0), all_mask[mine].repeat_interleave(G, 0)
         # One sampler call for all of this rank's groups. Each group draws from its own generator, on
@@ -324,6 +328,7 @@ class Trainer:
         batch.extras["examples"] = [ex for ex in examples for _ in range(G)]
         batch.extras["reward_inputs"] = completions.reward_inputs()  # images=[B, 3, H, W] for image tasks
         batch.extras["nfe"] = out.nfe
+        batch.extras["truncated_prompts"] = truncated
         batch.extras["forward_tokens"] = out.forward_tokens or 0  # rows x tokens fed (cost)
         return batch
 
@@ -554,6 +559,15 @@ class Trainer:
         return self.pool[index % len(self.pool)]
 
 
+    def _announce_truncation(self, truncated: int, prompts: int) -> None:
+        """One line, the first time rollout.max_prompt_length cuts a prompt (each step's count is the
+        metric rollout/truncated_prompts): a cut prompt loses its start, often the instructions."""
+        if truncated and not self.truncated_prompts and self.dist.is_main:
+            n = self.cfg.rollout.max_prompt_length
+            print(f"rollout: {truncated} of this step's {prompts} prompts are longer than rollout.max_prompt_length="
+                  f"{n} tokens and keep their last {n}, as TRL does (each step's count: rollout/truncated_prompts)")
+        self.truncated_prompts += truncated
+
     def _seed(self, batch: RolloutBatch, step: int, k: int, role: str) -> int:
         """Shared masks: the batch's seed for iteration k (iteration 0's when the method reuses masks)
         for old/ref/current. Fresh masks: a new seed per pass role."""
@@ -609,6 +623,7 @@ class Trainer:
             "completion/length": batch.completion_mask.float().sum(1).mean(),
             "rollout/model_calls": float(batch.extras.get("nfe", 0)),
             "rollout/forward_tokens": float(batch.extras.get("forward_tokens") or 0),
+            "rollout/truncated_prompts": float(batch.extras.get("truncated_prompts", 0)),
             "advantage/abs_mean": batch.advantages.abs().mean(),
         }
         for name, v in batch.extras.get("reward_parts", {}).items():

@@ -83,8 +83,8 @@ def write_task_files(task: str, d: Path) -> tuple[str, str]:
         return _jsonl(d / "countdown_train.jsonl", train), _jsonl(d / "countdown_cd3_test.jsonl", test)
     if task == "sudoku4x4":  # d1's CSVs: Puzzle,Solution, 16-char strings, 0 = blank
         train = [("1034300221404300", "1234341221434321"), ("0204301020000320", "1234341221434321"),
-                 ("4001020000300104", "4321213412433412")]
-        test = [("0230001220010320", "1234341221434321")]
+                 ("4001010000400402", "4321213412433412")]
+        test = [("0230001220030320", "1234341221434321")]
         return _csv(d / "4x4_sudoku_unique_puzzles.csv", train), _csv(d / "4x4_test_sudoku.csv", test)
     if task == "mbpp":  # the original mbpp.jsonl rows
         rows = [{"task_id": 601 + i, "text": f"Write a function add{i}(a, b) that returns a + b + {i}.",

@@ -168,6 +168,12 @@ def test_mbpp_loads_a_local_file_with_the_task_id_split(mbpp_file, tmp_path):
     assert 2 not in {e["task_id"] for e in split.train_examples(20)}  # never train on a test problem
 
 
+def test_mbpp_the_same_file_as_train_and_test_says_the_overlap_is_the_cause(mbpp_file):
+    with pytest.raises(ValueError, match=r"every train_path row is also in test_path.*separate train file.*"
+                                         r"path=mbpp.jsonl alone"):
+        MbppTask(train_path=mbpp_file, test_path=mbpp_file).train_examples(4)
+
+
 @needs_sandbox
 def test_mbpp_gold_scores_one_wrong_zero_and_partial_credit(mbpp_file):
     task = MbppTask(path=mbpp_file)

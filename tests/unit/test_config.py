@@ -147,3 +147,12 @@ def test_sharded_checkpoints_is_auto_true_or_false():
     assert load_config(None, ["train.sharded_checkpoints=true"], RLConfig).train.sharded_checkpoints is True
     with pytest.raises(ConfigError, match="train.sharded_checkpoints='sometimes' is not valid"):
         load_config(None, ["train.sharded_checkpoints=sometimes"], RLConfig)
+
+
+def test_max_prompt_length_is_a_positive_token_count_or_null():
+    assert load_config(None, ["rollout.max_prompt_length=200"]).rollout.max_prompt_length == 200
+    assert load_config(None, []).rollout.max_prompt_length is None  # default: a too-long prompt is an error
+    with pytest.raises(ConfigError, match=r"rollout.max_prompt_length must be a positive number of tokens.*got 0"):
+        load_config(None, ["rollout.max_prompt_length=0"])
+    with pytest.raises(ConfigError, match=r"rollout.max_prompt_length"):
+        load_config(None, ["rollout.max_prompt_length=many"])

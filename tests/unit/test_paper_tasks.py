@@ -175,7 +175,7 @@ SUDOKU_CSV = "Puzzle,Solution\n3102200002100320,3142243142131324\n01404320140200
 def test_sudoku4x4_reads_d1s_csv_strings_with_leading_zeros(tmp_path):
     (tmp_path / "4x4_test_sudoku.csv").write_text(SUDOKU_CSV)
     (tmp_path / "4x4_sudoku_unique_puzzles.csv").write_text(
-        "Puzzle,Solution\n0140432014020000,2143432114323214\n1000020000300004,1432324121434321\n")
+        "Puzzle,Solution\n0140432014020000,2143432114323214\n1000020000300004,1342421324313124\n")
     task = get_task("sudoku4x4", train_path=str(tmp_path / "4x4_sudoku_unique_puzzles.csv"),
                     test_path=str(tmp_path / "4x4_test_sudoku.csv"))
     assert isinstance(task, Sudoku4x4Task) and task.format == "chat"
@@ -184,14 +184,67 @@ def test_sudoku4x4_reads_d1s_csv_strings_with_leading_zeros(tmp_path):
                                                             ("3102200002100320", "3142243142131324")]
     assert [e["puzzle"] for e in task.train_examples(2)] == ["1000020000300004"] * 2  # the shared puzzle is test
     assert "0140432014020000" in test[0]["prompt"] and set(test[0]) == {"prompt", "puzzle", "solution"}
-    # a tool that typed the columns as integers dropped the leading zero: padded back
-    (tmp_path / "ints.csv").write_text("puzzle,solution\n140432014020000,2143432114323214\n")
-    padded = get_task("sudoku4x4", test_path=str(tmp_path / "ints.csv")).test_examples(1)[0]
+    # a tool that stored the grids as integers dropped the leading zero: a number is padded back
+    ints = write_jsonl(tmp_path / "ints.jsonl", [{"Puzzle": 140432014020000, "Solution": 2143432114323214}])
+    padded = get_task("sudoku4x4", test_path=ints).test_examples(1)[0]
     assert padded["puzzle"] == test[0]["puzzle"]
     for bad in ("Puzzle,Solution\n01404320140200,2143432114323214\n", "Puzzle,Answer\n0140432014020000,1\n"):
         (tmp_path / "bad.csv").write_text(bad)
         with pytest.raises(ValueError, match="16 characters|columns Puzzle and Solution"):
             get_task("sudoku4x4", test_path=str(tmp_path / "bad.csv")).test_examples(1)
+
+
+@pytest.mark.parametrize("row, error", [
+    ("140432014020000,2143432114323214", r"record 2 \(line 3\): Puzzle must be 16 characters.*got '140432014020000' "
+                                         r"\(15 characters\).*dropped its leading '0'"),
+    ("0140432014020000,214343211432321", r"record 2 \(line 3\): Solution must be 16 characters"),
+    ("1140432014020000,2143432114323214", r"record 2 \(line 3\): Puzzle '1140432014020000' contradicts its Solution "
+                                          r"'2143432114323214' at row 1 column 1 \(1 vs 2\)"),
+    ("0000000000000000,1111111111111111", r"record 2 \(line 3\): Solution '1111111111111111' is not a solved 4x4"),
+    ("0140432014020000,3142243142131324", r"record 2 \(line 3\): Puzzle '0140432014020000' contradicts"),
+])
+def test_sudoku4x4_rows_that_are_wrong_fail_naming_the_record(tmp_path, row, error):
+    """A wrong-length grid is not padded (it would move every given) and a solution must be a solved
+    grid that keeps the puzzle's givens: the error names the file, record and line."""
+    (tmp_path / "t.csv").write_text(SUDOKU_CSV.splitlines()[0] + "\n" + SUDOKU_CSV.splitlines()[1] + "\n" + row + "\n")
+    with pytest.raises(ValueError, match=f"t.csv {error}"):
+        get_task("sudoku4x4", test_path=str(tmp_path / "t.csv")).test_examples(1)
+
+
+def test_record_numbers_count_from_one_in_every_format(tmp_path):
+    good = gsm8k_rows(0, 2)
+    jsonl = tmp_path / "g.jsonl"  # a blank line: record 3 is on line 4
+    jsonl.write_text(json.dumps(good[0]) + "\n\n" + json.dumps(good[1]) + "\n" + json.dumps({"q": "x"}) + "\n")
+    (tmp_path / "g.json").write_text(json.dumps([good[0], {"q": "x"}]))
+    (tmp_path / "g.csv").write_text("question,answer\nWhat is 1+1?,#### 2\n")
+    (tmp_path / "syntax.jsonl").write_text(json.dumps(good[0]) + "\n{oops\n")
+    (tmp_path / "list.jsonl").write_text(json.dumps(good[0]) + "\n[1, 2]\n")
+    for path, where in ((jsonl, r"record 3 \(line 4\)"), (tmp_path / "g.json", "record 2")):
+        with pytest.raises(ValueError, match=f"{path.name} {where}: no field 'question'"):
+            get_task("gsm8k", test_path=str(path)).test_examples(1)
+    with pytest.raises(ValueError, match=r"g.csv record 1 \(line 2\): no field 'problem'"):
+        get_task("math500", test_path=str(tmp_path / "g.csv")).test_examples(1)
+    with pytest.raises(ValueError, match="syntax.jsonl: line 2 is not valid JSON"):
+        get_task("gsm8k", test_path=str(tmp_path / "syntax.jsonl")).test_examples(1)
+    with pytest.raises(ValueError, match=r"list.jsonl record 2 \(line 2\): every record must be a JSON object"):
+        get_task("gsm8k", test_path=str(tmp_path / "list.jsonl")).test_examples(1)
+
+
+def test_the_same_file_as_train_and_test_says_the_overlap_is_the_cause(tmp_path):
+    """d1 ships only test files, so a user names one file twice: every train row is a test row."""
+    path = write_jsonl(tmp_path / "gsm8k_test.jsonl", gsm8k_rows(0, 20))
+    task = get_task("gsm8k", train_path=path, test_path=path)
+    with pytest.raises(ValueError, match=r"all 20 train rows are also test rows \(train_path and test_path name the "
+                                         r"same file\).*separate train file.*dev_fraction=0.1.*split=hash") as e:
+        task.train_examples(4)
+    assert "larger train file" not in str(e.value)
+    # a train file that is not the test file but holds only test rows: the same cause, without "same file"
+    copy = write_jsonl(tmp_path / "copy.jsonl", gsm8k_rows(5, 10))
+    with pytest.raises(ValueError, match=r"all 5 train rows are also test rows, and ddrl never trains"):
+        get_task("gsm8k", train_path=copy, test_path=path).train_examples(4)
+    # the fix it names works: one file split by hash trains on the rows that are not test
+    split = get_task("gsm8k", path=path, split="hash")
+    assert split.train_examples(4) and split.test_examples(100)
 
 
 def test_sudoku4x4_reward_is_the_fraction_of_blanks_correct(tmp_path):
@@ -286,3 +339,15 @@ def test_unknown_preset_fails_listing_the_available_ones(tmp_path, test_presets)
         get_task("gsm8k", test_path=write_jsonl(tmp_path / "g.jsonl", gsm8k_rows(0, 2)), preset="nopaper")
     with pytest.raises(ValueError, match="no preset 'testpaper' for task 'math500'"):
         get_task("math500", test_path=str(tmp_path / "g.jsonl"), question_field="question", preset="testpaper")
+
+
+def test_training_on_one_file_twice_fails_before_the_model_loads(tmp_path):
+    """The train rows are read and checked before the model: the overlap error, not a model error."""
+    from ddrl.config import RLConfig, load_config
+    from ddrl.training.trainer import Trainer
+
+    path = write_jsonl(tmp_path / "gsm8k_test.jsonl", gsm8k_rows(0, 10))
+    cfg = load_config({"model": {"path": str(tmp_path / "no-model-here")}, "output_dir": str(tmp_path / "run"),
+                       "task": {"name": "gsm8k", "args": {"train_path": path, "test_path": path}}}, cls=RLConfig)
+    with pytest.raises(ValueError, match="all 10 train rows are also test rows"):
+        Trainer(cfg)
