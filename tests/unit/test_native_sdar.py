@@ -83,14 +83,22 @@ def test_default_layout_is_theirs(model, row):
 
 def test_bf16_per_op_dtypes():
     """Stored bf16 weights, bf16 compute: their RMSNorm (float32 inside, weight in float32), RoPE
-    (float32 angles cast to bf16) and masked SDPA, to the recorded bf16 logits."""
+    (float32 angles cast to bf16) and masked SDPA, to the recorded bf16 logits.
+
+    Within one bf16 ulp at the row's largest logit: CPUs with other bf16 matmul kernels round a few
+    logits the other way (here: 2 of 3 rows bit-equal, the third at most one ulp off, mean 0.003),
+    while float32 compute (a wrong per-op dtype everywhere) is off by 0.03 on average and 0.16 at most."""
     bf16 = SDARBackbone.from_pretrained(MODEL_DIR).eval()
     assert bf16.lm_head.weight.dtype == torch.bfloat16
     with torch.no_grad():
         for row in ROWS:
             got = bf16(GOLDEN[f"{row}_ids"][None]).logits[0]
             assert got.dtype == torch.bfloat16
-            torch.testing.assert_close(got, GOLDEN[f"{row}_logits_bf16"], atol=0, rtol=0)
+            ref = GOLDEN[f"{row}_logits_bf16"].float()
+            ulp = torch.exp2(torch.floor(torch.log2(ref.abs().max())) - 7)  # bf16 (8 significant bits) at the row's scale
+            diff = (got.float() - ref).abs()
+            assert diff.max() <= ulp, f"{row}: max |diff| {diff.max():.4f} is over one bf16 ulp ({ulp:.4f})"
+            assert diff.mean() < 0.01, f"{row}: mean |diff| {diff.mean():.4f}"
 
 
 def test_left_padded_batch_equals_unpadded_rows(model):
