@@ -201,7 +201,8 @@ def _still_masked(completion: Tensor, empty: Tensor, start: int, end: int, mask_
     return (completion[:, start:end] == mask_id) & ~empty[:, start:end]
 
 
-def block_canvas(model, prompt_ids: Tensor, prompt_mask: Tensor | None, gen_length: int) -> tuple[Tensor, Tensor] | None:
+def block_canvas(model, prompt_ids: Tensor, prompt_mask: Tensor | None,
+                 gen_length: int) -> tuple[Tensor, Tensor] | None:
     """The slots a block-causal model decodes, as SDAR's block_diffusion_generate does (module doc):
     each row's completion starts `offset = n_prompt % block_size` slots into the canvas and its last
     block is decoded whole, so row i decodes slots [offset_i, ceil((offset_i + gen_length) / block_size)
