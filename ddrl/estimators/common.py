@@ -47,19 +47,30 @@ def forward_logprobs(model, prompt_in: Tensor, prompt_mask: Tensor, completion_i
 
     prompt_in [N, P] (possibly noised), prompt_mask [N, P] bool (True on real prompt tokens),
     completion_in [N, L] (noised completion), targets [N, L] (clean tokens to score).
+    On a block model (model.block_size) a completion that ends inside a block is followed by the mask
+    tokens that complete it (ddrl.processes.block "Whole blocks"): the view the block sampler decodes in.
     class_range=(a, b) restricts the softmax to vocabulary ids [a, b) (uniform diffusion classes);
     targets are then ids in [a, b). scored [N, L] bool: only these positions are computed (the
     others are 0 and cost no LM-head work); None = all.
     """
-    N = prompt_in.shape[0]
+    N, P = prompt_in.shape
     L = completion_in.shape[1]
     ids = torch.cat([prompt_in, completion_in], dim=1)  # [N, T]
     attention = torch.cat([prompt_mask.bool(), torch.ones(N, L, dtype=torch.bool, device=ids.device)], dim=1)
+    keep: int | Tensor = L  # the completion: the last L positions ...
+    block_size = getattr(model, "block_size", None)
+    if block_size:  # ... unless a block model's last block is completed by mask tokens, as the sampler feeds it
+        from ddrl.processes.block import block_tail, with_block_tail  # processes import this layer's types
+
+        tail = block_tail(prompt_mask, L, int(block_size))  # [N, E]
+        if tail.shape[1]:
+            ids, attention = with_block_tail(ids, attention, tail, model.mask_token_id)  # [N, T + E]
+            keep = torch.arange(P, P + L, device=ids.device)
     step = N if not rows_per_call else max(1, int(rows_per_call))
     out = []
     for start in range(0, N, step):
         rows = slice(start, start + step)
-        out.append(kept_logprobs(model, ids[rows], attention[rows], logits_to_keep=L, targets=targets[rows],
+        out.append(kept_logprobs(model, ids[rows], attention[rows], logits_to_keep=keep, targets=targets[rows],
                                  mask=None if scored is None else scored[rows], class_range=class_range))  # [n, L]
     return torch.cat(out, dim=0)
 

@@ -107,15 +107,16 @@ class Staircase:
     @staticmethod
     def staircase_logprobs(model, batch: RolloutBatch, masked: Tensor, block_size: int) -> Tensor:
         """log p(x^i | block of i noised by `masked` [B, L], clean blocks before it) [B, L]: one pass
-        over the staircase input [B, 2T], the LM head on the noisy completion (its last L positions) only."""
-        from ddrl.processes.block import staircase_inputs
+        over the staircase input [B, 2T] (the last block completed by mask tokens, as the sampler sees
+        it), the LM head on the noisy completion only."""
+        from ddrl.processes.block import staircase_completion, staircase_inputs
 
-        L = batch.completion_ids.shape[1]
+        P, L = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
         noisy = torch.where(masked, model.mask_token_id, batch.completion_ids)
-        input_ids, position_ids, attn_mask = staircase_inputs(batch.prompt_ids, batch.prompt_mask,
-                                                              batch.completion_ids, noisy, block_size)
-        return kept_logprobs(model, input_ids, attn_mask, position_ids=position_ids, logits_to_keep=L,
-                             targets=batch.completion_ids)
+        input_ids, position_ids, attn_mask = staircase_inputs(batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                                              noisy, block_size, mask_token_id=model.mask_token_id)
+        return kept_logprobs(model, input_ids, attn_mask, position_ids=position_ids,
+                             logits_to_keep=staircase_completion(input_ids, P, L), targets=batch.completion_ids)
 
     def __call__(self, model, batch: RolloutBatch, seed: int) -> EstimatorOutput:
         block_size = self.resolve_block_size(model)

@@ -12,6 +12,11 @@ token was committed):
     token with order >= s masked; its targets are the tokens with order == s;
   * log pi(x^i) := log p_theta(x^i | state at which i was committed).
 
+Block models (SDAR): a completion that ends inside a block is scored with mask tokens completing
+that block (ddrl.processes.block "Whole blocks"). The sampler decodes those slots too and drops
+them, so a token of such a last block committed after one of them is scored with it still masked,
+not with the token the sampler had put there: the states are the sampler's everywhere else.
+
 No randomness: the seed is unused. Positions without trajectory information (commit_step -1,
 e.g. EOS fill written by an early exit) are masked in every state and never scored; scored
 positions are also restricted to the completion mask. All (state, row) pairs with at least one

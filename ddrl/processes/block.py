@@ -22,6 +22,14 @@ block_size, the completion's first block also holds the prompt's last tokens. Le
 nothing (positions count real tokens). (TraDo's RL trainer, dLLM-RL rl_sdar.py, instead aligns the
 completion's blocks to the prompt end; ddrl follows the sampler the checkpoints are decoded with.)
 
+**Whole blocks.** The model always sees whole blocks, as it was trained and as SDAR decodes
+(block_diffusion_generate's canvas is ceil((P + L) / block_size) * block_size long): a completion
+that ends inside a block is followed by mask tokens up to the block's end, `block_tail` of them.
+The block sampler decodes those slots and drops them (ddrl.sampling.masked); every scoring pass
+here and in the estimators (ddrl.estimators.common.forward_logprobs) feeds them as mask tokens,
+real keys of the last block, so a token of the last block is scored in the view it was sampled in.
+In a batch, rows with a shorter tail get padding after it (never attended).
+
 Staircase (dual-stream) attention, one forward pass for all blocks (BD3-LM's vectorised training;
 StableDRL Fig. 3). Input = [clean sequence (T tokens), noisy sequence (T tokens)], the noisy copy
 with the SAME position ids. With b(.) the block id of a token, query q may attend key k if
@@ -143,6 +151,23 @@ def completion_blocks(prompt_mask: Tensor, length: int, block_size: int) -> Tens
     return (n_prompt + j).div(block_size, rounding_mode="floor") - n_prompt.div(block_size, rounding_mode="floor")
 
 
+def block_tail(prompt_mask: Tensor, length: int, block_size: int) -> Tensor:
+    """[B, E] bool: the mask slots that follow each row's `length` completion tokens to the end of
+    its last block (module doc, "Whole blocks"): slot e of row i is one (True) or padding (False).
+    E = the largest tail in the batch (0..block_size - 1); one host read."""
+    n_prompt = prompt_mask.long().sum(dim=1)  # [B]
+    tail = (-(n_prompt + length)) % block_size  # [B]
+    E = int(tail.max()) if tail.numel() else 0
+    return torch.arange(E, device=prompt_mask.device)[None, :] < tail[:, None]  # [B, E]
+
+
+def with_block_tail(ids: Tensor, key_valid: Tensor, tail: Tensor, mask_token_id: int) -> tuple[Tensor, Tensor]:
+    """[prompt, completion] ids and key_valid [B, T] -> the same followed by `tail` [B, E] (block_tail):
+    mask tokens, real keys where tail is True: ([B, T + E], [B, T + E])."""
+    filler = torch.full(tail.shape, mask_token_id, dtype=ids.dtype, device=ids.device)
+    return torch.cat([ids, filler], dim=1), torch.cat([key_valid.bool(), tail.to(key_valid.device)], dim=1)
+
+
 def block_causal_mask(blocks: Tensor, key_valid: Tensor) -> Tensor:
     """[B, T, T] bool (True = may attend): q sees k iff b(k) <= b(q) and k is not padding.
 
@@ -183,13 +208,15 @@ def staircase_mask(blocks: Tensor, key_valid: Tensor) -> Tensor:
 
 
 def staircase_inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, noisy_completion: Tensor,
-                     block_size: int) -> tuple[Tensor, Tensor, Tensor]:
+                     block_size: int, *, mask_token_id: int) -> tuple[Tensor, Tensor, Tensor]:
     """The dual-stream input of the one-pass block ELBO.
 
     prompt_ids [B, P] (left-padded), prompt_mask [B, P] bool, completion_ids and noisy_completion
-    [B, L]. Returns input_ids [B, 2T] = [prompt, completion | prompt, noisy completion],
+    [B, L]. Returns input_ids [B, 2T] = [prompt, completion, tail | prompt, noisy completion, tail],
     position_ids [B, 2T] (the noisy half repeats the clean half's) and attn_mask [B, 2T, 2T] bool
-    (True = may attend), T = P + L.
+    (True = may attend), T = P + L + E: the tail is the E mask tokens that complete the last block
+    (block_tail; E = 0 when every row ends on a block boundary). `staircase_completion` says where
+    the noisy completion is.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
@@ -199,12 +226,22 @@ def staircase_inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Te
         raise ValueError(f"completion_ids {list(completion_ids.shape)} and noisy_completion {list(noisy_completion.shape)} "
                          f"must both be [B, L] with B = prompt_ids.shape[0] = {prompt_ids.shape[0]}")
     B, L = completion_ids.shape
-    clean = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, T]
-    noisy = torch.cat([prompt_ids, noisy_completion], dim=1)  # [B, T]
+    tail = block_tail(prompt_mask, L, block_size)  # [B, E]
     key_valid = torch.cat([prompt_mask.bool(), torch.ones_like(completion_ids, dtype=torch.bool)], dim=1)
-    positions = position_ids_from_mask(key_valid)
+    clean, valid = with_block_tail(torch.cat([prompt_ids, completion_ids], dim=1), key_valid, tail, mask_token_id)
+    noisy, _ = with_block_tail(torch.cat([prompt_ids, noisy_completion], dim=1), key_valid, tail, mask_token_id)
+    positions = position_ids_from_mask(valid)  # [B, T]
     return (torch.cat([clean, noisy], dim=1), torch.cat([positions, positions], dim=1),
-            staircase_mask(block_ids(key_valid, block_size), key_valid))
+            staircase_mask(block_ids(valid, block_size), valid))
+
+
+def staircase_completion(input_ids: Tensor, prompt_length: int, length: int) -> int | Tensor:
+    """Where staircase_inputs put the noisy completion in input_ids [B, 2T], as logits_to_keep: the
+    int `length` (the last L positions) without a tail, else the positions [L]."""
+    T = input_ids.shape[1] // 2
+    if T == prompt_length + length:
+        return length
+    return torch.arange(T + prompt_length, T + prompt_length + length, device=input_ids.device)
 
 
 def _staircase_noisy_logits(model: Any, clean: Tensor, noisy: Tensor, blocks: Tensor, key_valid: Tensor) -> Tensor:
@@ -267,23 +304,26 @@ def staircase_elbo(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completi
 
     process = _make_process(model, block_size, mask_token_id, schedule)
     noisy, noised, t_tok = _block_noise(process, prompt_mask, completion_ids, completion_mask, generator, eps)
-    logits = staircase_logits(model, prompt_ids, prompt_mask, completion_ids, noisy, block_size)  # [B, L, V]
+    logits = staircase_logits(model, prompt_ids, prompt_mask, completion_ids, noisy, block_size,
+                              mask_token_id=process.mask_token_id)  # [B, L, V]
     return _elbo_from_logits(process, logits, completion_ids, noised, t_tok)
 
 
 def staircase_logits(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                     noisy_completion: Tensor, block_size: int) -> Tensor:
+                     noisy_completion: Tensor, block_size: int, *, mask_token_id: int | None = None) -> Tensor:
     """Logits [B, L, V] of every completion position given its noisy block and the clean blocks
     before it, all blocks in ONE forward pass of the staircase input [B, 2T].
 
     noisy_completion [B, L] is the completion with the positions to score replaced by the mask
     token (whatever drew them: `staircase_elbo`'s t_b, or an RL estimator's masks). The noisy
-    completion is the last L of the 2T positions, so only it goes through the LM head.
+    completion (`staircase_completion`) alone goes through the LM head. mask_token_id (the last
+    block's tail, module doc) defaults to model.mask_token_id.
     """
-    input_ids, position_ids, attn_mask = staircase_inputs(prompt_ids, prompt_mask, completion_ids,
-                                                          noisy_completion, block_size)
-    return kept_logits(model, input_ids, attn_mask, position_ids=position_ids,
-                       logits_to_keep=completion_ids.shape[1])  # [B, L, V]
+    mask_id = model.mask_token_id if mask_token_id is None else mask_token_id
+    input_ids, position_ids, attn_mask = staircase_inputs(prompt_ids, prompt_mask, completion_ids, noisy_completion,
+                                                          block_size, mask_token_id=mask_id)
+    keep = staircase_completion(input_ids, prompt_ids.shape[1], completion_ids.shape[1])
+    return kept_logits(model, input_ids, attn_mask, position_ids=position_ids, logits_to_keep=keep)  # [B, L, V]
 
 
 def blockwise_elbo(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, block_size: int, *,
@@ -297,20 +337,24 @@ def blockwise_elbo(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completi
 
     process = _make_process(model, block_size, mask_token_id, schedule)
     noisy, noised, t_tok = _block_noise(process, prompt_mask, completion_ids, completion_mask, generator, eps)
-    L = completion_ids.shape[1]
-    key_valid = torch.cat([prompt_mask.bool(), torch.ones_like(completion_ids, dtype=torch.bool)], dim=1)
-    blocks = block_ids(key_valid, block_size)  # [B, T]
+    P, L = prompt_ids.shape[1], completion_ids.shape[1]
+    tail = block_tail(prompt_mask, L, block_size)  # [B, E] the last block's mask slots (module doc)
+    key_valid = torch.cat([prompt_mask.bool(), torch.ones_like(completion_ids, dtype=torch.bool), tail], dim=1)
+    blocks = block_ids(key_valid, block_size)  # [B, T + E]
     positions = position_ids_from_mask(key_valid)
-    rel = completion_blocks(prompt_mask, L, block_size)  # [B, L]
+    rel = completion_blocks(prompt_mask, L + tail.shape[1], block_size)  # [B, L + E]; the tail: the last block's
+    keep = L if tail.shape[1] == 0 else torch.arange(P, P + L, device=prompt_ids.device)
     per_block = []
-    for b in range(int(rel.max()) + 1):
-        # [prompt, clean blocks < b, noisy block b]; later tokens are hidden as padding (they come
-        # after every fed token, so the positions of the fed ones do not change).
-        ids = torch.cat([prompt_ids, torch.where(rel < b, completion_ids, noisy)], dim=1)  # [B, T]
+    for b in range(int(rel[:, :L].max()) + 1):
+        # [prompt, clean blocks < b, noisy block b (+ its tail)]; later tokens are hidden as padding
+        # (they come after every fed token, so the positions of the fed ones do not change).
+        filler = torch.full(tail.shape, process.mask_token_id, dtype=completion_ids.dtype, device=tail.device)
+        ids = torch.cat([prompt_ids, torch.where(rel[:, :L] < b, completion_ids, noisy), filler], dim=1)  # [B, T + E]
         visible = key_valid & torch.cat([torch.ones_like(prompt_mask, dtype=torch.bool), rel <= b], dim=1)
         mask = block_causal_mask(blocks, visible)
-        out = kept_logits(model, ids, mask, position_ids=positions, logits_to_keep=L)  # [B, L, V]
+        out = kept_logits(model, ids, mask, position_ids=positions, logits_to_keep=keep)  # [B, L, V]
         per_block.append(out)
+    rel = rel[:, :L]  # [B, L]
     stacked = torch.stack(per_block, dim=0)  # [n_blocks, B, L, V]
     logits = stacked.gather(0, rel[None, :, :, None].expand(1, *stacked.shape[1:])).squeeze(0)  # [B, L, V]
     return _elbo_from_logits(process, logits, completion_ids, noised, t_tok)

@@ -30,7 +30,9 @@ its first sampler window holds fewer completion tokens. To keep one window loop 
 different prompt lengths, the masked sampler shifts each row's completion right by
 `offset = n_prompt % block_size` slots (ddrl.sampling.masked): the first `offset` slots of the row
 are empty (never attended, no position, never committed), so every window is one model block of
-every row. The strategies here take those slots as `slots` [B, W] (True = a real completion slot).
+every row. A row's last block is decoded whole, as SDAR does (its slots past gen_length are mask
+slots, decoded and then dropped); the slots after that block, there when other rows reach further,
+are empty too. The strategies here take the decoded slots as `slots` [B, W] (True = decoded).
 The sampler passes the layout explicitly (a boolean [R, T_new, T_past + T_new] attention_mask and
 position_ids counting real tokens). Sampler blocks must be unions of model blocks (block_length a
 multiple of block_size) for the cache to be exact. In the first window, the prompt's last tokens
@@ -347,7 +349,7 @@ class BlockCausalForward:
     """Block-causal model without cache: the whole sequence every step, under the block layout of
     ddrl.processes.block (module doc). The reference the exact cache is tested against.
 
-    slots [B, W] bool: the completion slots that hold tokens (None = all); gen_length = W.
+    slots [B, W] bool: the completion slots that are decoded (None = all); gen_length = W.
     """
 
     def __init__(self, model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *, cfg_scale: float,

@@ -56,7 +56,14 @@ rollout.threshold is set, SDAR's dynamic rule with remasking="sdar_dynamic". Blo
 layout (ddrl.processes.block: block = position // block_size, prompt included), the layout every
 estimator and block pretraining use; a row whose prompt ends inside a block first finishes that
 block, so its completion is shifted by n_prompt % block_size empty slots inside the loop
-(ddrl.sampling.cache) and may span one block more. Steps per block = steps / ceil(gen_length /
+(ddrl.sampling.cache) and may span one block more. The model always sees whole blocks, as SDAR
+decodes them (JetAstra/SDAR generate.py `block_diffusion_generate`: total_length = ceil((P + L) /
+block_size) * block_size): a row whose completion ends inside a block also decodes that block's
+trailing slots past gen_length, mask tokens that the commit rule fills like any other, and they
+are dropped at the end (`block_canvas`); each row returns its own gen_length tokens. With these
+slots the greedy tokens equal SDAR's for every prompt and gen_length, not only when prompt +
+gen_length ends on a block boundary (tests/unit/test_native_sdar.py). The estimators score the
+same view (ddrl.processes.block.block_tail). Steps per block = steps / ceil(gen_length /
 block_length). The sampler passes the layout's attention mask explicitly, for every row.
 
 **Early exit** (registry samplers, rollout.early_exit): after a block is finished, a row whose
@@ -74,7 +81,7 @@ the whole cache when rows finish; the price is compute on rows whose results are
 (forward_tokens counts every row fed).
 
 **Host reads** (device syncs) left in the loop: per call, the noise seeds (one read) and the block
-layout of block models (block_offsets); per block, whether every row has stopped (early exit);
+layout of block models (block_canvas); per block, whether every row has stopped (early exit);
 per step, only under threshold, factor or sdar_dynamic decoding, whether the block still has a mask
 (commit.py: the next call depends on it). Fixed counts and emerge read nothing per step. The model
 and ddrl.logits may add their own (logits_to_keep's range check).
@@ -143,9 +150,10 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule: Commit
     """
     stop_ids = as_stop_ids(eos_id)
     B, device = prompt_ids.shape[0], prompt_ids.device
-    offsets = block_offsets(model, prompt_ids, prompt_mask)  # [B] or None (full attention / aligned prompts)
-    width = gen_length + (0 if offsets is None else int(offsets.max()))  # completion slots W
-    slots = None if offsets is None else completion_slots(offsets, gen_length, width)  # [B, W]
+    canvas = block_canvas(model, prompt_ids, prompt_mask, gen_length)  # None: gen_length slots, all decoded
+    offsets, slots = (None, None) if canvas is None else canvas  # [B], [B, W] (the slots decoded)
+    width = gen_length if slots is None else slots.shape[1]  # completion slots W
+    own = None if offsets is None else completion_slots(offsets, gen_length, width)  # [B, W] the row's L tokens
     forward = block_forward(model, prompt_ids, prompt_mask, cache=cache, block_length=block_length,
                             gen_length=width, cfg_scale=settings.cfg_scale, mask_id=settings.mask_id, slots=slots)
     completion = torch.full((B, width), settings.mask_id, dtype=torch.long, device=device)  # [B, W]
@@ -176,7 +184,8 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule: Commit
         if recorder is not None:
             recorder.close_block(start, first_step, completion[:, start:end])
         if stop_ids:
-            done = (is_stop(completion[:, :end], stop_ids) & ~empty[:, :end]).any(dim=1)  # [B]
+            stops = is_stop(completion[:, :end], stop_ids)  # [B, end]; a stop past gen_length does not count
+            done = (stops if own is None else stops & own[:, :end]).any(dim=1)  # [B]
             completion[:, end:] = torch.where(done[:, None], stop_ids[0], completion[:, end:])
             running = ~done
     trajectory = recorder.trajectory(commit_step, nfe) if recorder is not None else None
@@ -192,17 +201,29 @@ def _still_masked(completion: Tensor, empty: Tensor, start: int, end: int, mask_
     return (completion[:, start:end] == mask_id) & ~empty[:, start:end]
 
 
-def block_offsets(model, prompt_ids: Tensor, prompt_mask: Tensor | None) -> Tensor | None:
-    """[B] empty slots before each row's completion on a block-causal model: n_prompt % block_size
-    (ddrl.sampling.cache module doc); None when the model has full attention or every offset is 0."""
+def block_canvas(model, prompt_ids: Tensor, prompt_mask: Tensor | None,
+                 gen_length: int) -> tuple[Tensor, Tensor] | None:
+    """The slots a block-causal model decodes, as SDAR's block_diffusion_generate does (module doc):
+    each row's completion starts `offset = n_prompt % block_size` slots into the canvas and its last
+    block is decoded whole, so row i decodes slots [offset_i, ceil((offset_i + gen_length) / block_size)
+    * block_size). Returns (offsets [B], decoded [B, W] bool), W the widest row's end; None when the
+    model has full attention or every row starts and ends on a block boundary (all W = gen_length
+    slots decoded). One host read (the largest offset)."""
     block_size = getattr(model, "block_size", None)
     if not block_size:
         return None
+    bs = int(block_size)
     B, P = prompt_ids.shape
     n_prompt = (prompt_mask.long().sum(dim=1) if prompt_mask is not None
                 else torch.full((B,), P, dtype=torch.long, device=prompt_ids.device))
-    offsets = n_prompt % int(block_size)
-    return offsets if bool(offsets.any()) else None
+    offsets = n_prompt % bs  # [B]
+    largest = int(offsets.max())
+    if largest == 0 and gen_length % bs == 0:
+        return None
+    ends = (offsets + gen_length + bs - 1).div(bs, rounding_mode="floor") * bs  # [B] each row's last block end
+    width = -(-(largest + gen_length) // bs) * bs
+    j = torch.arange(width, device=prompt_ids.device)[None, :]
+    return offsets, (j >= offsets[:, None]) & (j < ends[:, None])
 
 
 def completion_slots(offsets: Tensor, gen_length: int, width: int) -> Tensor:

@@ -63,12 +63,47 @@ def test_layout_by_hand():
 
 @pytest.mark.parametrize("threshold", [None, 0.3])
 def test_trace_estimator_scores_the_states_the_block_sampler_visited(threshold):
+    """Exactly, except in a last block that reaches past gen_length (rows 0-2 here): the sampler also
+    decodes that block's trailing slots and drops them, so a token committed after one of them was
+    is scored with it still masked (the Trace module doc)."""
     model = block_model()
     out, batch = rollout(model, threshold)
     with torch.no_grad():
         est = Trace(shrink=1)(model, batch, seed=0)
     at_commit = out.trajectory.token_probs.gather(1, out.trajectory.commit_step[:, None, :]).squeeze(1)  # [B, L]
-    torch.testing.assert_close(est.token_logp.double(), at_commit.double().log(), atol=1e-5, rtol=0)
+    L = batch.completion_ids.shape[1]
+    blocks = completion_blocks(batch.prompt_mask, L, 4)  # [B, L]
+    tailed = (batch.prompt_mask.sum(1) + L) % 4 != 0  # [B]
+    exact = ~((blocks == blocks.max(1, keepdim=True).values) & tailed[:, None])
+    assert tailed.tolist() == [True, True, True, False] and exact.sum() > L * 3
+    torch.testing.assert_close(est.token_logp.double()[exact], at_commit.double().log()[exact], atol=1e-5, rtol=0)
+    assert bool(torch.isfinite(est.token_logp).all()) and bool((est.token_logp <= 0).all())
+
+
+def test_estimators_see_the_last_block_whole():
+    """A completion that ends inside a block is scored with mask tokens completing that block: the
+    view the block sampler decodes it in (SDAR's whole blocks). forward_logprobs on a left-padded
+    batch == each unpadded row run with those mask tokens appended, and != the row without them."""
+    from ddrl.estimators.common import forward_logprobs
+
+    model = block_model()
+    ids, mask = left_pad(PROMPTS)  # 3, 5, 1, 4 real tokens; + L = 6: tails 3, 1, 1, 2
+    L = 6
+    completion = torch.randint(2, 20, (len(PROMPTS), L), generator=torch.Generator().manual_seed(0))
+    noisy = completion.masked_fill(torch.tensor([False, True, False, True, True, False]), MASK)
+    with torch.no_grad():
+        lp = forward_logprobs(model, ids, mask, noisy, completion)  # [B, L]
+        for row, prompt in enumerate(PROMPTS):
+            tail = -(len(prompt) + L) % 4
+            for extra, same in ((tail, True), (0, False)):
+                seq = torch.tensor([prompt + noisy[row].tolist() + [MASK] * extra])
+                logits = model(seq).logits[0, len(prompt):len(prompt) + L].double()  # [L, V]
+                want = logits.log_softmax(-1).gather(-1, completion[row, :, None])[:, 0]
+                last = slice(L - (len(prompt) + L) % 4, L)  # the completion's tokens in the last block
+                if same:
+                    torch.testing.assert_close(lp[row].double(), want, atol=1e-5, rtol=0)
+                else:
+                    assert (lp[row, last].double() - want[last]).abs().max() > 1e-4  # the tail matters
 
 
 def test_mean_field_scores_the_first_block_in_the_sampler_first_state():

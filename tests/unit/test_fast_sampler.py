@@ -152,12 +152,13 @@ def test_block_sampler_follows_sdar_block_layout_whatever_the_prompt_length():
             first_steps.setdefault((P + j) // bs, int(out.trajectory.commit_step[r, j]))
         for block in sorted(first_steps):
             lo, hi = max(block * bs - P, 0), min((block + 1) * bs - P, L)  # its completion tokens
-            seq = torch.tensor([prompt + final[:lo].tolist() + [MASK] * (hi - lo)])  # [1, P + hi]
+            # the whole block, masked: SDAR decodes a last block that reaches past L whole
+            seq = torch.tensor([prompt + final[:lo].tolist() + [MASK] * ((block + 1) * bs - P - lo)])
             T = seq.shape[1]
             allowed = torch.tensor([[k // bs <= q // bs for k in range(T)] for q in range(T)])
             with torch.no_grad():
                 logits = model(seq, attention_mask=allowed[None], position_ids=torch.arange(T)[None]).logits
-            probs = torch.softmax(logits[0, P + lo:].double(), -1)  # [hi - lo, V]
+            probs = torch.softmax(logits[0, P + lo:P + hi].double(), -1)  # [hi - lo, V]
             expected = probs.gather(-1, final[lo:hi, None]).squeeze(-1)
             # steps per block = steps / (L / bs) = 4; the block's first step is a multiple of 4
             step = first_steps[block] // bs * bs
@@ -320,8 +321,9 @@ def test_threshold_one_is_one_token_per_step_with_every_cache(block_size, cache)
     threshold = run(model, SamplerConfig(steps=1, threshold=1.0, **base))
     fixed = run(model, SamplerConfig(steps=16, **base))
     # Block model: prompts of 3, 5, 1, 6 tokens end 3, 1, 1, 2 tokens into a block of 4, so the first
-    # window holds 1, 3, 3, 2 masks (3 calls), three full windows (12), and a last one of 3, 1, 1, 2 (3).
-    assert threshold.nfe == (16 if block_size is None else 18)
+    # window holds 1, 3, 3, 2 masks (3 calls), three full windows (12), and a last one of 3, 1, 1, 2
+    # completion tokens that SDAR decodes whole, with 1, 3, 3, 2 mask slots past gen_length (4).
+    assert threshold.nfe == (16 if block_size is None else 19)
     assert torch.equal(threshold.completion_ids, fixed.completion_ids)
 
 
@@ -395,8 +397,8 @@ def test_a_model_that_returns_no_cache_falls_back(monkeypatch, block_size):
         out = run(model, SamplerConfig(cache="dual", **base))
     assert torch.equal(out.completion_ids, ref.completion_ids) and out.nfe == ref.nfe
     # counted honestly: the full forward for every call (the block model's first call fed only prompt + block 0,
-    # not the 8 + 3 completion slots: 3 = the largest offset of a prompt ending inside a block)
-    assert out.forward_tokens == ref.forward_tokens - (block_size is not None) * 4 * (8 + 3 - 4)
+    # not the 12 completion slots: 8 + 3, the largest offset of a prompt ending inside a block, to the block end)
+    assert out.forward_tokens == ref.forward_tokens - (block_size is not None) * 4 * (12 - 4)
 
 
 class LegacyCache:

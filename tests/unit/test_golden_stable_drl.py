@@ -55,8 +55,9 @@ class FullAttentionLogits(torch.nn.Module):
 
 
 class BlockLogits(torch.nn.Module):
-    """A block model called with the staircase input [B, 2T]: its noisy completion stream (the last L
-    positions) returns draw n's recorded completion logits on the n-th call."""
+    """A block model called with the staircase input [B, 2T], T = P + L + E (E mask tokens complete
+    the last block, as SDAR decodes it): its noisy completion (positions T + P .. T + P + L) returns
+    draw n's recorded completion logits on the n-th call."""
 
     def __init__(self, logits: torch.Tensor, noisy: torch.Tensor):
         super().__init__()
@@ -66,11 +67,16 @@ class BlockLogits(torch.nn.Module):
     def forward(self, input_ids, attention_mask=None, position_ids=None):
         n, self.calls = self.calls, self.calls + 1
         B, T2 = input_ids.shape
-        assert attention_mask.shape == (B, T2, T2) and T2 == 2 * (P + L)  # the staircase layout
+        E = max(-(int(k) + L) % BLOCK for k in TENSORS["prompt_mask"].sum(1))
+        T = P + L + E
+        assert attention_mask.shape == (B, T2, T2) and T2 == 2 * T  # the staircase layout
         real = TENSORS["completion_mask"].bool()
-        assert torch.equal(input_ids[:, -L:][real], self.noisy[:, n, P:][real]), "not SPG's noisy completion"
-        head = torch.zeros(B, T2 - L, self.logits.shape[-1], dtype=self.logits.dtype)
-        return types.SimpleNamespace(logits=torch.cat([head, self.logits[:, n, P:]], dim=1))
+        completion = input_ids[:, T + P:T + P + L]
+        assert torch.equal(completion[real], self.noisy[:, n, P:][real]), "not SPG's noisy completion"
+        assert bool((input_ids[:, T + P + L:] == MASK).all())  # the last block's tail
+        logits = torch.zeros(B, T2, self.logits.shape[-1], dtype=self.logits.dtype)
+        logits = torch.cat([logits[:, :T + P], self.logits[:, n, P:], logits[:, T + P + L:]], dim=1)
+        return types.SimpleNamespace(logits=logits)
 
 
 def spg_outputs(logits: torch.Tensor, noisy: torch.Tensor, batch: RolloutBatch) -> EstimatorOutput:

@@ -27,6 +27,8 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sdar"
 MODEL_DIR = FIXTURE / "model"
 GOLDEN = load_file(str(FIXTURE / "golden.safetensors"))
 META = json.loads((FIXTURE / "golden.json").read_text())
+UNALIGNED = load_file(str(FIXTURE / "golden_unaligned.safetensors"))  # prompt + gen_length ends inside a block
+UNALIGNED_META = json.loads((FIXTURE / "golden_unaligned.json").read_text())
 ROWS = ("row0", "row1", "row2")
 BLOCK, MASK, PAD, VOCAB = 4, 127, 101, 128
 THRESHOLD = META["generate"]["confidence_threshold"]
@@ -325,8 +327,8 @@ def test_sampler_reproduces_block_diffusion_generate(model, run, cache):
     runs use that, or prompts that fill whole blocks), and ddrl's trailing steps there commit
     nothing. ddrl's "sdar_dynamic" rule takes k_s from B (not from n_masked), as theirs does, and
     clips it to the masked count (commit_dynamic never commits an unmasked position; theirs would
-    overwrite prompt tokens, golden.json notes). Every recorded run ends on a block boundary
-    (P + L a multiple of B): past it SDAR decodes trailing masks that ddrl does not generate.
+    overwrite prompt tokens, golden.json notes). These runs end on a block boundary (P + L a
+    multiple of B); test_sampler_off_the_block_boundary has those that do not.
     """
     prompt = GOLDEN[f"prompt_{run['prompt']}"][None]
     got = ddrl_generate(model, prompt, torch.ones_like(prompt), run, cache)
@@ -345,3 +347,46 @@ def test_sampler_left_padded_batch(model, strategy, cache):
     got = ddrl_generate(model, ids, mask, run, cache)
     assert got[0].tolist() == GOLDEN[f"gen_p2_{strategy}_s4"].tolist()
     assert got[1].tolist() == GOLDEN[f"gen_p2b_{strategy}_s4"].tolist()
+
+
+# Off the block boundary: SDAR's canvas is ceil((P + L) / B) * B, so its last block also decodes mask
+# slots past gen_length (golden_unaligned.json notes); ddrl decodes them too and returns gen_length tokens.
+UNALIGNED_RUNS = [r for r in UNALIGNED_META["generate"]["runs"] if r["unmasked_positions_overwritten"] == 0]
+
+
+def test_unaligned_fixture_ends_inside_blocks():
+    """The fixture covers what it is for: runs whose last block reaches past gen_length, with and
+    without a prompt that ends inside a block (offset 0: p0)."""
+    past = {(r["prompt"], r["gen_length"]) for r in UNALIGNED_RUNS if r["decoded_past_gen_length"] > 0}
+    assert ("p0", 6) in past and ("p1", 6) in past and len(past) >= 6
+    for r in UNALIGNED_RUNS:
+        assert r["decoded_past_gen_length"] == -(r["prompt_length"] + r["gen_length"]) % BLOCK
+
+
+@pytest.mark.parametrize("cache", ["none", "auto"])
+@pytest.mark.parametrize("run", UNALIGNED_RUNS, ids=[r["run"] for r in UNALIGNED_RUNS])
+def test_sampler_off_the_block_boundary(model, run, cache):
+    """ddrl's gen_length tokens == the first gen_length of block_diffusion_generate's, for prompts and
+    lengths whose end is inside a block (step mapping: test_sampler_reproduces_block_diffusion_generate)."""
+    prompt = UNALIGNED[f"prompt_{run['prompt']}"][None]
+    got = ddrl_generate(model, prompt, torch.ones_like(prompt), run, cache)
+    assert got.shape == (1, run["gen_length"])
+    assert got[0].tolist() == UNALIGNED[f"gen_{run['run']}"][:run["gen_length"]].tolist()
+
+
+@pytest.mark.parametrize("cache", ["none", "auto"])
+@pytest.mark.parametrize("gen_length", sorted({r["gen_length"] for r in UNALIGNED_RUNS}))
+def test_sampler_off_the_block_boundary_left_padded_batch(model, gen_length, cache):
+    """The five prompts (lengths 24, 17, 30, 27, 22: every offset, rows whose last block ends at
+    different slots, some on the boundary) in one left-padded batch: each row gets its unpadded
+    row's SDAR tokens (padding invariance of the trailing slots)."""
+    keys = ["p0", "p1", "p2", "p3", "p2b"]
+    runs = {r["run"]: r for r in UNALIGNED_RUNS}
+    ids, mask = left_pad([UNALIGNED[f"prompt_{k}"] for k in keys])
+    for strategy in ("static", "dynamic"):
+        chosen = [runs[f"{k}_L{gen_length}_{strategy}_s4"] for k in keys]
+        # ddrl's steps split evenly over the batch's blocks: the widest row's (ddrl_generate takes it from one run)
+        widest = max(chosen, key=lambda r: completion_blocks(r["prompt_length"], gen_length))
+        got = ddrl_generate(model, ids, mask, widest, cache)
+        for row, (k, r) in enumerate(zip(keys, chosen)):
+            assert got[row].tolist() == UNALIGNED[f"gen_{r['run']}"][:gen_length].tolist(), k

@@ -80,13 +80,17 @@ def left_padded_batch():
 def test_staircase_inputs_follow_the_rules():
     prompt_ids, prompt_mask, completion = left_padded_batch()
     noisy = torch.where(torch.arange(5) % 2 == 0, MASK, completion)
-    ids, pos, attn = staircase_inputs(prompt_ids, prompt_mask, completion, noisy, block_size=2)
+    ids, pos, attn = staircase_inputs(prompt_ids, prompt_mask, completion, noisy, block_size=2, mask_token_id=MASK)
     P, L = 4, 5
-    T = P + L
-    assert torch.equal(ids, torch.cat([prompt_ids, completion, prompt_ids, noisy], 1))
+    # Real prompt lengths 2, 4, 1: rows 0 and 1 end inside a block (7 and 9 tokens), so one mask
+    # token completes their last block (SDAR's whole blocks); row 2 (6 tokens) gets padding there.
+    tail = torch.tensor([[True], [True], [False]])
+    filler = torch.full((3, 1), MASK)
+    T = P + L + 1
+    assert torch.equal(ids, torch.cat([prompt_ids, completion, filler, prompt_ids, noisy, filler], 1))
     assert torch.equal(pos[:, :T], pos[:, T:])
-    assert pos[0].tolist()[:T] == [0, 0, 0, 1, 2, 3, 4, 5, 6]  # padding does not shift positions
-    valid = torch.cat([prompt_mask, torch.ones(3, L, dtype=torch.bool)], 1).tolist()
+    assert pos[0].tolist()[:T] == [0, 0, 0, 1, 2, 3, 4, 5, 6, 7]  # padding does not shift positions
+    valid = torch.cat([prompt_mask, torch.ones(3, L, dtype=torch.bool), tail], 1).tolist()
     # SDAR's layout: block = position // block_size over the real tokens, prompt included
     # (padding gets block 0 but is never attended).
     block = [[max(sum(v[:i + 1]) - 1, 0) // 2 for i in range(T)] for v in valid]
@@ -193,22 +197,28 @@ def rollout_batch():
 
 
 def blockwise_token_logps(model, batch, masks, block_size):
-    """log p(x^i | [prompt, clean blocks < b, noisy block b]) per draw, the slow way: [C, B, L]."""
+    """log p(x^i | [prompt, clean blocks < b, noisy block b]) per draw, the slow way: [C, B, L]. The
+    last block is whole, as SDAR decodes it: mask tokens follow a completion that ends inside a block."""
     from ddrl.processes.block import block_causal_mask, block_ids, completion_blocks, position_ids_from_mask
 
-    B, L = batch.completion_ids.shape
-    key_valid = torch.cat([batch.prompt_mask, torch.ones(B, L, dtype=torch.bool)], 1)
+    B, P = batch.prompt_ids.shape
+    L = batch.completion_ids.shape[1]
+    tails = [-(int(n) + L) % block_size for n in batch.prompt_mask.sum(1)]  # mask slots to the block end
+    E = max(tails)
+    tail = torch.tensor([[e < t for e in range(E)] for t in tails], dtype=torch.bool).reshape(B, E)
+    key_valid = torch.cat([batch.prompt_mask, torch.ones(B, L, dtype=torch.bool), tail], 1)
     blocks, pos = block_ids(key_valid, block_size), position_ids_from_mask(key_valid)
-    rel = completion_blocks(batch.prompt_mask, L, block_size)  # [B, L]
+    rel = completion_blocks(batch.prompt_mask, L + E, block_size)  # [B, L + E]
     out = torch.zeros(masks.shape, dtype=torch.float64)
     for n, m in enumerate(masks):
         noisy = torch.where(m, MASK, batch.completion_ids)
-        for b in range(int(rel.max()) + 1):
-            ids = torch.cat([batch.prompt_ids, torch.where(rel < b, batch.completion_ids, noisy)], 1)
+        for b in range(int(rel[:, :L].max()) + 1):
+            ids = torch.cat([batch.prompt_ids, torch.where(rel[:, :L] < b, batch.completion_ids, noisy),
+                             torch.full((B, E), MASK)], 1)
             visible = key_valid & torch.cat([torch.ones_like(batch.prompt_mask), rel <= b], 1)
             logits = model(ids, attention_mask=block_causal_mask(blocks, visible), position_ids=pos).logits
-            lp = torch.log_softmax(logits[:, -L:].double(), -1).gather(-1, batch.completion_ids[..., None])[..., 0]
-            out[n] = torch.where(rel == b, lp, out[n])
+            lp = torch.log_softmax(logits[:, P:P + L].double(), -1).gather(-1, batch.completion_ids[..., None])[..., 0]
+            out[n] = torch.where(rel[:, :L] == b, lp, out[n])
     return out
 
 
