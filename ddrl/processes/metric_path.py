@@ -2,7 +2,8 @@
 
 Shaul et al. 2024, "Flow matching with general discrete paths: a kinetic-optimal perspective", as URSA
 (BAAI, 2025) uses it: diffnext/schedulers/scheduling_dfm.py (MetricDiscreteProbPath,
-KineticOptimalScheduler) of Yovecent/UDM-GRPO @ d1bec49. Golden outputs: tests/fixtures/make_ursa.py.
+KineticOptimalScheduler) of Yovecent/UDM-GRPO @ d1bec49 (docs/diffusion.md#ursa-metric-path). Golden
+outputs: tests/fixtures/make_ursa.py.
 
 **Flow time.** URSA counts time the other way from ddrl's processes: flow time s = 0 is noise (the
 uniform distribution) and s -> 1 is clean. The methods named `flow_*` and taking `s` are in flow time;

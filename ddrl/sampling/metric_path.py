@@ -1,7 +1,8 @@
 """URSA's sampler: the reverse CTMC of the metric path (ddrl.processes.metric_path), with its
 classifier-free guidance. Yovecent/UDM-GRPO @ d1bec49, diffnext/schedulers/scheduling_dfm.py
 (KineticOptimalScheduler.step, MetricDiscreteProbPath.get_velocity) and pipelines/ursa/pipeline_ursa.py
-(the denoising loop). Golden transition probabilities: tests/fixtures/make_ursa.py.
+(the denoising loop); docs/diffusion.md#ursa-metric-path. Golden transition probabilities:
+tests/fixtures/make_ursa.py.
 
     x ~ Uniform(N classes)^L                                      (flow time s(0) = 0: noise)
     for i = 0 .. S-1, s = s(i), s' = s(i + 1)   (process.inference_flow_times(S): URSA's shifted grid)
