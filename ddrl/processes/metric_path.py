@@ -52,7 +52,8 @@ class MetricPathProcess(UniformProcess):
     """The metric path over the N classes offset .. offset + N - 1 (the image codes of an URSA model).
 
     codebook: [N, D] embedding of the classes (URSA: scheduler_model.pth "path.emb"), or nested lists
-              (a process_spec in config.json); normalised here.
+              (a process_spec in config.json); L2-normalised here, so a 1-D codebook collapses to +-1
+              (every distance 0): give gray levels g at least two dimensions, e.g. (cos(pi g/2), sin(pi g/2)).
     alpha, c: the path's exponent and scale (scheduler_config.json); shift: the time shift k.
     """
 

@@ -251,3 +251,32 @@ def test_metric_path_from_a_spec_with_an_inline_codebook():
     near = process.path_probs(torch.tensor([0]), 0.9)[0]
     assert near.argmax() == 0 and near[1] > near[2]  # class 1 is closer to class 0 than class 2 is
     torch.testing.assert_close(process.path_probs(torch.tensor([0]), 0.0)[0], torch.full((3,), 1 / 3))
+
+
+def test_sampler_on_a_plain_model_with_an_inline_codebook():
+    """Not URSA: any model whose process is a MetricPathProcess (ids 3..5 here) samples with it, guidance
+    included (the unconditional prompt is all pad ids)."""
+    from types import SimpleNamespace
+
+    from ddrl.config import SamplerConfig
+
+    class Plain:
+        process = MetricPathProcess(3, 3, codebook=[[1.0, 0.0], [0.7, 0.7], [0.0, 1.0]], alpha=1.0, c=3.0)
+        vocab_size, mask_token_id, pad_token_id = 7, 6, 1
+        calls: list[torch.Tensor] = []
+
+        def __call__(self, ids, attention_mask=None):
+            self.calls.append(ids.clone())
+            logits = torch.zeros(*ids.shape, 7)
+            logits[..., 5] = torch.where(ids[:, :1] == 0, 8.0, -8.0)  # prompt 0 -> class 2, else class 0
+            logits[..., 3] = -logits[..., 5]
+            return SimpleNamespace(logits=logits)
+
+    model = Plain()
+    calls = model.calls
+    prompt = torch.tensor([[0, 2], [2, 2]])
+    out = SAMPLERS.get("metric_path")(model, prompt, None, SamplerConfig(name="metric_path", steps=3, gen_length=4,
+                                                                          cfg_scale=1.0),
+                                      generator=torch.Generator().manual_seed(0))
+    assert out.completion_ids.tolist() == [[5] * 4, [3] * 4]
+    assert bool((calls[0][2:, :2] == 1).all()) and calls[0].shape[0] == 4  # cond + uncond rows, one call
