@@ -213,7 +213,8 @@ def load_ursa(path: str | Path, *, device: torch.device | str | None = None, dty
     config = backbone.config
     lo, hi = config.image_token_range
     checks = [(codebook.shape[0] == hi - lo, f"scheduler_model.pth's codebook has {codebook.shape[0]} entries"),
-              (decoder.codebook_size == hi - lo, f"the VQ decoder in {str(vae_dir)!r} has {decoder.codebook_size} codes")]
+              (decoder.codebook_size == hi - lo,
+               f"the VQ decoder in {str(vae_dir)!r} has {decoder.codebook_size} codes")]
     for ok, what in checks:
         if not ok:
             raise ModelDirectoryError(f"{what}, but the transformer's head scores {hi - lo} (lm_head_size); the "

@@ -189,7 +189,8 @@ def test_sampler_generates_codes_with_explicit_generator(model):
 def test_save_and_reload_round_trip(model, tmp_path):
     out = tmp_path / "saved"
     model.save_pretrained(out)
-    assert json.loads((out / "model_index.json").read_text()) == json.loads((MODEL_DIR / "model_index.json").read_text())
+    index = json.loads((MODEL_DIR / "model_index.json").read_text())
+    assert json.loads((out / "model_index.json").read_text()) == index
     assert not (out / "config.json").exists() and (out / "scheduler" / "scheduler_model.pth").is_file()
     saved = json.loads((out / "transformer" / "config.json").read_text())
     assert saved == json.loads((MODEL_DIR / "transformer" / "config.json").read_text())
