@@ -11,9 +11,11 @@ the DiffusionLM around it:
 | dream           | native (native/dream.py)      | 151666             | shifted by 1 | masked  | DiffuCoder        |
 | sdar            | native (native/sdar.py)       | config / tokenizer | aligned      | block   | TraDo; block size |
 | diffusion_gemma | transformers' own class       | config / tokenizer | aligned      | uniform | "canvas" feed     |
+| ursa            | native (native/ursa.py)       | (pad id)           | shifted by 1 | metric_path | pipeline folder, VQ decoder |
 | generic         | transformers (+ remote code)  | config / tokenizer | aligned      | masked  | "native" feed     |
 
-(The mask id of config.json, when it names one, comes before the family's.)
+(The mask id of config.json, when it names one, comes before the family's. URSA is a diffusers
+pipeline folder with no top-level config.json: ddrl.models.ursa reads it, not ddrl.models.hf.)
 
 **Native families** (llada, mmada, dream, sdar) are built by ddrl's own model code from the
 official directory (config.json + safetensors with the authors' weight names) and never run code
@@ -45,7 +47,7 @@ class FamilyFacts:
     mask_token_id: int | None = None  # the family's mask id; None = config.json / tokenizer
     logits_shifted: bool = False  # position i predicts token i + 1 (AR-initialised: Dream)
     attention: str = "native"  # how a mask reaches the backbone: a name in ddrl.models.feeds.FEEDS
-    process: str = "masked"  # masked | block | uniform
+    process: str = "masked"  # masked | block | uniform | metric_path
     image_codebook: bool = False  # MMaDA: image tokens at a vocabulary offset
     native: bool = False  # built by ddrl's own model code (ddrl.models.native.NATIVE_FAMILIES)
     native_module: str | None = None  # ddrl.models.native.<module> registers the family's class
@@ -60,6 +62,8 @@ FAMILIES: dict[str, FamilyFacts] = {
                          tokenizer_vocab_only=True),
     "sdar": FamilyFacts(process="block", native=True, native_module="sdar", tokenizer_vocab_only=True),
     "diffusion_gemma": FamilyFacts(attention="canvas", process="uniform"),
+    "ursa": FamilyFacts(logits_shifted=True, process="metric_path", image_codebook=True, native=True,
+                        native_module="ursa"),
     "generic": FamilyFacts(),
 }
 

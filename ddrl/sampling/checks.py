@@ -35,11 +35,13 @@ NOT_APPLICABLE: dict[str, tuple[str, ...]] = {
     "emerge": ("threshold", "factor"),
     "dream": ("block_length", "threshold", "factor", "cfg_scale", "cache"),
     "diffusion_gemma": ("threshold", "factor", "cfg_scale", "cache"),
+    "metric_path": ("block_length", "threshold", "factor", "cache"),
 }
 WHY_NOT = {
     "emerge": "the emerge sampler unmasks at random by its schedule",
     "dream": "it decodes the whole completion each step, without cache or guidance",
     "diffusion_gemma": "it denoises one canvas by its own schedule, without cache or guidance",
+    "metric_path": "URSA's CTMC updates every image token at every step, without blocks or cache",
 }
 
 
