@@ -80,7 +80,7 @@ class ModelConfig:
 @dataclass
 class SamplerConfig:
     # sampler: auto (the model's own: block for SDAR/TraDo, diffusion_gemma for DiffusionGemma, uniform
-    # for uniform models, masked for LLaDA/MMaDA/Dream) | masked (LLaDA semi-AR) | emerge | uniform |
+    # for uniform models, metric_path for URSA, masked for LLaDA/MMaDA/Dream) | masked (LLaDA semi-AR) | emerge | uniform |
     # block | dream | diffusion_gemma; one the model cannot run is refused (sampling.checks.resolve_sampler)
     name: str = "auto"
     steps: int = 16  # model calls in total (masked: divided evenly over blocks)

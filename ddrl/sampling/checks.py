@@ -210,7 +210,7 @@ def model_samplers(model: Any) -> tuple[str, ...]:
     A block-causal model (SDAR/TraDo, ddrl's block models) decodes its own blocks: the masked
     sampler would run semi-AR blocks of any length over it. DiffusionGemma denoises one canvas
     (its own sampler; ddrl's uniform sampler records a trajectory). Uniform-process models take the
-    uniform sampler. Masked models take the masked sampler or MaskGRPO's emerge; Dream also its own
+    uniform sampler, metric-path models (URSA) the CTMC sampler. Masked models take the masked sampler or MaskGRPO's emerge; Dream also its own
     diffusion_generate, which its peers' recipes name explicitly (rollout.name=dream)."""
     family = getattr(model, "family", None)
     process = (getattr(model, "process_spec", None) or {}).get("name", "masked")
@@ -220,6 +220,8 @@ def model_samplers(model: Any) -> tuple[str, ...]:
         return ("block",)
     if process == "uniform":
         return ("uniform",)
+    if process == "metric_path":  # URSA: the CTMC jumps over its codebook's distances
+        return ("metric_path",)
     if family == "dream":
         return ("masked", "dream", "emerge")
     return ("masked", "emerge")
