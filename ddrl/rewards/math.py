@@ -28,11 +28,15 @@ TIMEOUT_SECONDS = 2  # math-verify's per-parse / per-comparison timeout (main th
 _MAX_EXPONENT = 1000
 _MAX_NODES = 2000
 
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+# A number written with thousands separators, and nothing else: "1,200", "-58,500.25". Only such an
+# answer loses its commas; elsewhere a comma separates things ("(2,12) \\cup (12,102)", "3, 5, 7").
+_GROUPED_NUMBER = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 
 def gold_answer(gold: Any) -> str | None:
-    """The bare gold answer: text after GSM8K's '####', else a MATH solution's last \\boxed{}."""
+    """The bare gold answer: text after GSM8K's '####', else a MATH solution's last \\boxed{}.
+
+    Thousands separators are dropped only when the whole answer is one number ("1,200" -> "1200")."""
     if gold is None:
         return None
     text = str(gold)
@@ -40,7 +44,9 @@ def gold_answer(gold: Any) -> str | None:
         text = text.rsplit("####", 1)[1]
     elif "\\boxed" in text or "\\fbox" in text:
         text = extract_boxed(text) or text
-    text = _THOUSANDS.sub("", text.strip()).strip().strip("$").strip()
+    text = text.strip().strip("$").strip()
+    if _GROUPED_NUMBER.fullmatch(text):
+        text = text.replace(",", "")
     return text or None
 
 
