@@ -42,7 +42,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-HARD_LIMIT_GRACE_S = 2  # RLIMIT_CPU kills the worker this many CPU seconds past a job's budget
+HARD_LIMIT_GRACE_S = 1  # RLIMIT_CPU kills the worker 1-2 CPU seconds past a job's budget
 STALL_S = 600.0  # liveness guard: a worker silent this long (wall clock) is blocked, not computing
 
 _over_budget = 0
@@ -104,8 +104,8 @@ class CPUBudgetWorker:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (package_root, os.environ.get("PYTHONPATH")) if p), OMP_NUM_THREADS="1")
         self._buffer = b""
-        return subprocess.Popen([sys.executable, "-m", "ddrl.rewards.cpu_budget"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env=env)
+        return subprocess.Popen([sys.executable, "-c", "from ddrl.rewards.cpu_budget import serve; serve()"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def _stop(self) -> None:
         if self._proc is not None:
@@ -241,7 +241,3 @@ def serve() -> None:
         for args in batch["jobs"]:
             results.write(json.dumps(_run_job(functions[name], args, float(batch["budget_s"]))) + "\n")
             results.flush()
-
-
-if __name__ == "__main__":
-    serve()

@@ -56,12 +56,14 @@ def gold_answer(gold: Any) -> str | None:
     return text or None
 
 
-def verify_in_worker(function: str, pairs: list[list[str]], budget_s: float = CPU_BUDGET_S) -> list[bool | None]:
-    """`function(*pair)` of ddrl.rewards.math_verify_jobs for each pair, in the CPU-budget worker:
-    its verdict, None when it ran out of CPU budget, False when it raised (math-verify could not
-    compare the two: the completion is wrong, as math-verify itself scores its errors)."""
+def verify_in_worker(function: str, pairs: list[list[str]], budget_s: float | None = None) -> list[bool | None]:
+    """`function(*pair)` of ddrl.rewards.math_verify_jobs for each pair, in the CPU-budget worker
+    with `budget_s` (default CPU_BUDGET_S) CPU seconds each: its verdict, None when it ran out of
+    budget, False when it raised (math-verify could not compare the two: the completion is wrong,
+    as math-verify itself scores its errors)."""
     if not pairs:
         return []
+    budget_s = CPU_BUDGET_S if budget_s is None else budget_s
     outcomes = shared_worker().map(f"ddrl.rewards.math_verify_jobs:{function}", pairs, budget_s)
     return [None if o.status == "over_budget" else (o.status == "ok" and bool(o.value)) for o in outcomes]
 
