@@ -27,6 +27,7 @@ starts (the import is not charged to a job); arguments and results are JSON valu
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
@@ -82,8 +83,12 @@ class CPUBudgetWorker:
             raise ValueError(f"budget_s must be > 0 CPU seconds, got {budget_s!r}")
         out: list[Outcome] = []
         with self._lock:
-            while len(out) < len(jobs):
-                out.extend(self._run(fn, jobs[len(out):], budget_s))
+            try:
+                while len(out) < len(jobs):
+                    out.extend(self._run(fn, jobs[len(out):], budget_s))
+            except BaseException:  # e.g. KeyboardInterrupt mid-batch: unread replies would answer the next batch
+                self._stop()
+                raise
         for outcome in out:
             if outcome.status == "over_budget":
                 _count_over_budget(fn, budget_s)
@@ -167,6 +172,7 @@ def shared_worker() -> CPUBudgetWorker:
     with _worker_lock:
         if _worker is None or _worker_pid != os.getpid():
             _worker, _worker_pid = CPUBudgetWorker(), os.getpid()
+            atexit.register(_worker.close)
         return _worker
 
 
@@ -226,6 +232,7 @@ def serve() -> None:
     results = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # a stray print in a job goes to stderr and cannot corrupt the result pipe
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU would otherwise dump core
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; the worker ends at its stdin's EOF
     signal.signal(signal.SIGPROF, _on_cpu_timer)
     functions: dict[str, Any] = {}
     for line in sys.stdin:

@@ -94,7 +94,8 @@ def test_verdict_is_the_same_on_a_busy_machine():
     """The same hard completion, scored once with its CPU to itself and once sharing that CPU with
     two busy processes (a third of the CPU or less: each second of CPU takes three or more of wall
     time, past math-verify's old 2 s alarm). Pinning everything to one CPU makes the load the same
-    on any machine; the budget (5 CPU s) is four times what the case needs, so the test cannot flake."""
+    on any machine. It cannot flake: the verdict depends on no clock but CPU time, and the budget
+    (5 CPU s) is over three times what the case uses (1.3-1.5 s, busy or idle)."""
     cpu = min(os.sched_getaffinity(0))
     gold, answer = _hard_case(12)
     idle = _score_in_fresh_process(gold, answer, cpu)
