@@ -14,10 +14,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import math_verify.grader
-import math_verify.parser
+try:
+    import math_verify.grader
+    import math_verify.parser
+    from math_verify import parse, verify
+except ImportError as e:
+    raise ImportError("math rewards need math-verify: pip install math-verify") from e
 import sympy
-from math_verify import parse, verify
 
 _MAX_EXPONENT = 1000
 _MAX_NODES = 2000

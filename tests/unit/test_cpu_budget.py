@@ -45,7 +45,8 @@ def test_a_job_that_swallows_the_interruption_is_still_over_budget(worker):
 def test_a_c_loop_the_timer_cannot_interrupt_is_ended_by_rlimit_cpu(worker):
     """A key derivation inside OpenSSL never returns to the interpreter; the kernel's RLIMIT_CPU ends the
     worker a few CPU seconds past the budget, and the jobs after it run in a fresh worker."""
-    first_pid = worker.map(f"{JOBS}:spin", [[0.0]], budget_s=1.0) and worker.pid
+    worker.map(f"{JOBS}:spin", [[0.0]], budget_s=1.0)
+    first_pid = worker.pid
     before = cpu_budget.over_budget_count()
     out = worker.map(f"{JOBS}:c_loop", [[], []], budget_s=0.1)
     assert out == [Outcome("over_budget"), Outcome("over_budget")]
