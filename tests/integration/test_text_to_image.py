@@ -85,3 +85,33 @@ def test_eval_scores_the_test_prompts(files, decoder):
     model = ddrl.load_model(ROOT / "checkpoints/digits-uniform")
     result = ddrl.evaluate(model, task, n=4, sampler={"steps": 2, "temperature": 1.0})
     assert result["n"] == 4 and torch.isfinite(torch.tensor(result["mean_reward"]))
+
+
+def test_ddrl_eval_json_scores_text_to_image_on_the_ursa_fixture(tmp_path):
+    """The command line end to end: URSA's own sampler (auto -> metric_path), its VQ decoder, a served
+    reward, a JSON result and the PNG grid beside the per-example rows."""
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "test.txt"
+    prompts.write_text("a cat\na red dog\na tree\n")
+    server = serve_reward(geneval_like_pixels, background=True)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ddrl", "eval", "--model", ROOT / "tests/fixtures/ursa/model", "--task",
+             "text_to_image", "--task-arg", "image_grid=[4,4]", "--task-arg", f"test_path={prompts}",
+             "--task-arg", "reward=server", "--task-arg", f"reward_args={{url: {server.url}}}", "--n", "3",
+             "--steps", "4", "--temperature", "1", "--json", "--output", tmp_path / "rows.jsonl"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["n"] == 3 and result["sampler"]["name"] == "metric_path" and 0 <= result["mean_reward"] <= 1
+    assert (tmp_path / "rows.png").is_file()
+
+
+def geneval_like_pixels(completions, images=None, caption=None, **_):
+    assert images.shape[1:] == (3, 8, 8)  # the fixture's VQ decoder: 4 x 4 codes -> 8 x 8 pixels
+    return images.mean(dim=(1, 2, 3)).tolist()
