@@ -77,3 +77,28 @@ def test_magvit_pixels_equal_decode_code(model):
     codes = G["magvit_codes"].view(2, 4, 4)
     torch.testing.assert_close(model.vq_decoder(codes), G["magvit_raw"], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(model.decode_images(codes), G["magvit_pixels"], atol=1e-4, rtol=1e-4)
+
+
+def test_maskgit_remasking_equals_mask_by_random_topk():
+    from ddrl.sampling.maskgit import maskgit_remask
+
+    masking = maskgit_remask(G["maskgit_probs"], G["maskgit_mask_len"], float(G["maskgit_temperature"]),
+                             G["maskgit_uniforms"])
+    assert torch.equal(masking, G["maskgit_masking"])
+    assert not (masking & ~G["maskgit_unknown"]).any()  # decided slots are never re-masked
+
+
+def test_maskgit_sampler_decodes_every_slot_into_image_codes(model):
+    from ddrl.config import SamplerConfig
+    from ddrl.data import encode_prompts
+    from ddrl.registry import SAMPLERS
+    from ddrl.sampling.checks import resolve_sampler
+
+    assert resolve_sampler(model, "maskgit") == "maskgit"
+    ids, mask = encode_prompts(model.tokenizer, META["prompts"])
+    cfg = SamplerConfig(name="maskgit", steps=4, gen_length=N_VQ, temperature=1.0, cfg_scale=3.5)
+    run = lambda: SAMPLERS.get("maskgit")(model, ids, mask, cfg, generator=torch.Generator().manual_seed(0))  # noqa: E731
+    out = run()
+    lo, hi = model.image_token_range
+    assert out.nfe == 4 and ((out.completion_ids >= lo) & (out.completion_ids < hi)).all()
+    assert torch.equal(out.completion_ids, run().completion_ids)  # a fixed function of the seed
