@@ -52,8 +52,9 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
     block_size:        the block size asked for (ModelConfig.block_size); None = the checkpoint's own,
                        anything else must equal it.
     require_tokenizer: fail, before reading weights, when the directory has no tokenizer.
-    vq_path:           URSA only: the AutoencoderVQ directory to decode images with, instead of the
-                       pipeline's vae/.
+    vq_path:           the image decoder: URSA's AutoencoderVQ directory (instead of the pipeline's vae/),
+                       or MMaDA's MAGVIT-v2 directory, which makes the MMaDA generate images
+                       (ddrl.models.mmada: t2i prompt layout, image-code completions, decode_images).
 
     An URSA pipeline folder (model_index.json, no top-level config.json) is read natively by
     ddrl.models.ursa: family "ursa", model.decode_images, the metric-path process.
@@ -69,8 +70,6 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
             raise ValueError(f"block_size={block_size}: {str(path)!r} is an URSA pipeline (full attention); unset it")
         return ursa.load_ursa(path, device=device, dtype=resolve_dtype(dtype), vq_path=vq_path,
                               mask_token_id=mask_token_id, require_tokenizer=require_tokenizer)
-    if vq_path is not None:
-        raise ValueError(f"vq_path applies to URSA pipeline directories (model_index.json); {str(path)!r} is not one")
     if (Path(path) / CONFIG_FILE).is_file() and read_json(Path(path) / CONFIG_FILE).get("_class_name") == (
             ursa.TRANSFORMER_CLASS):
         raise ModelDirectoryError(f"{str(path)!r} is the transformer/ folder of an URSA pipeline; pass the pipeline "
@@ -79,10 +78,12 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
         with consolidated_model_dir(path) as directory:
             return load_model(directory, device=device, dtype=dtype, mask_token_id=mask_token_id,
                               trust_remote_code=trust_remote_code, block_size=block_size,
-                              require_tokenizer=require_tokenizer)
+                              require_tokenizer=require_tokenizer, vq_path=vq_path)
     directory = check_model_dir(path, weights=HF_WEIGHT_FILES)
     torch_dtype = resolve_dtype(dtype)
     if read_json(directory / CONFIG_FILE).get("model_type") == MODEL_TYPE:
+        if vq_path is not None:
+            raise ValueError(f"vq_path applies to URSA pipelines and MMaDA; {str(directory)!r} is a built-in model")
         model = DiffusionLM.from_pretrained(directory, device=device, dtype=torch_dtype)
         if mask_token_id is not None and mask_token_id != model.mask_token_id:
             raise ValueError(f"model.mask_token_id={mask_token_id} differs from the built-in model's own "
@@ -96,7 +97,7 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
 
     return hf.load_hf_model(str(directory), device=device, dtype=torch_dtype, mask_token_id=mask_token_id,
                             trust_remote_code=trust_remote_code, block_size=block_size,
-                            require_tokenizer=require_tokenizer)
+                            require_tokenizer=require_tokenizer, vq_path=vq_path)
 
 
 def build_model(model_cfg: Any, tokenizer: Any, *, process_spec: dict[str, Any] | None = None,

@@ -30,8 +30,13 @@ reads too: config.json "block_size" (every released SDAR/TraDo names 4), else th
 recorded in its "ddrl" section, else the one asked for (model.block_size); a block family with
 none of them is an error before any weights are read.
 
-**MMaDA images.** MMaDA's image tokens are an 8192-entry VQ codebook at a vocabulary offset
-(config llm_vocab_size + num_new_special_tokens = 126464 for MMaDA-8B): `image_token_range(config)`.
+**MMaDA images.** MMaDA's image tokens are an 8192-entry VQ codebook placed right after the text
+tokenizer: code c is token len(tokenizer) + c (126349 + c for MMaDA-8B, whose tokenizer has 126,349
+tokens), `image_token_range(config, len(tokenizer))`. That is the authors' rule everywhere in their
+text-to-image path (Gen-Verse/MMaDA @ 3cdb870 models/modeling_mmada.py t2i_generate, with
+num_new_special_tokens hard-coded 0; training/train_mmada_stage4.py; MaskGRPO's trainer hard-codes
+126349). It is not config.json's llm_vocab_size (126464: the text rows of the embedding, padded past
+the tokenizer), so the first 115 codes share ids with those padding rows.
 """
 
 from __future__ import annotations
@@ -72,8 +77,7 @@ FAMILIES: dict[str, FamilyFacts] = {
 _FAMILY_NAMES = (("mmada", "mmada"), ("llada", "llada"), ("dream", "dream"), ("sdar", "sdar"), ("trado", "sdar"),
                  ("diffusion_gemma", "diffusion_gemma"), ("diffusiongemma", "diffusion_gemma"))
 
-# MMaDA-8B's defaults when its config.json does not spell them out.
-_MMADA_TEXT_VOCAB = 126464
+# MMaDA-8B's codebook size when its config.json does not spell it out.
 _MMADA_CODEBOOK = 8192
 
 
@@ -110,10 +114,17 @@ def checkpoint_block_size(config: dict[str, Any], facts: FamilyFacts, requested:
     return None if stored is None else int(stored)
 
 
-def image_token_range(config: dict[str, Any]) -> tuple[int, int]:
-    """MMaDA's image codebook as (first id, end id) of the full vocabulary."""
-    offset = int(config.get("llm_vocab_size", _MMADA_TEXT_VOCAB)) + int(config.get("num_new_special_tokens", 0))
-    return offset, offset + int(config.get("codebook_size", _MMADA_CODEBOOK))
+def image_token_range(config: dict[str, Any], tokenizer_length: int) -> tuple[int, int]:
+    """MMaDA's image codebook as (first id, end id) of the full vocabulary: (len(tokenizer),
+    len(tokenizer) + codebook_size) (module docstring). A codebook that would end past the model's
+    vocabulary (config.json vocab_size) is an error naming both."""
+    first = int(tokenizer_length)
+    end = first + int(config.get("codebook_size", _MMADA_CODEBOOK))
+    vocab = config.get("vocab_size")
+    if vocab is not None and end > int(vocab):
+        raise ValueError(f"MMaDA's image codes start after the tokenizer ({first} tokens) and end at id {end}, past the "
+                         f"model's vocab_size={vocab}; the tokenizer is not this checkpoint's own")
+    return first, end
 
 
 def remote_code_files(config: dict[str, Any]) -> list[str]:

@@ -427,6 +427,11 @@ def block_forward(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *,
     block-causal model need sampler blocks of whole model blocks); "auto" on unaligned blocks runs uncached."""
     common = dict(cfg_scale=cfg_scale, mask_id=mask_id)
     block_size = getattr(model, "block_size", None)
+    if getattr(model, "completion_suffix", None) or getattr(model, "cfg_unconditional_prompt", None) is not None:
+        if block_size or cache not in ("none", "auto"):  # its suffix / guidance prompt live in completion_logits
+            raise ValueError(f"this model's layout (a completion suffix, its own guidance prompt) runs without a KV "
+                             f"cache on full-attention models only; set rollout.cache=none (got {cache!r})")
+        return FullForward(model, prompt_ids, prompt_mask, **common)
     if block_size:
         aligned = block_length % int(block_size) == 0
         kind = ExactBlockCache if cache != "none" and aligned else BlockCausalForward

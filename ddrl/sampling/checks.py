@@ -210,7 +210,7 @@ def model_samplers(model: Any) -> tuple[str, ...]:
     A block-causal model (SDAR/TraDo, ddrl's block models) decodes its own blocks: the masked
     sampler would run semi-AR blocks of any length over it. DiffusionGemma denoises one canvas
     (its own sampler; ddrl's uniform sampler records a trajectory). Uniform-process models take the
-    uniform sampler, metric-path models (URSA) the CTMC sampler. Masked models take the masked sampler or MaskGRPO's emerge; Dream also its own
+    uniform sampler, metric-path models (URSA) the CTMC sampler. Masked models take the masked sampler, MaskGRPO's emerge or MMaDA's maskgit; Dream also its own
     diffusion_generate, which its peers' recipes name explicitly (rollout.name=dream)."""
     family = getattr(model, "family", None)
     process = (getattr(model, "process_spec", None) or {}).get("name", "masked")
@@ -224,7 +224,7 @@ def model_samplers(model: Any) -> tuple[str, ...]:
         return ("metric_path",)
     if family == "dream":
         return ("masked", "dream", "emerge")
-    return ("masked", "emerge")
+    return ("masked", "emerge", "maskgit")
 
 
 def resolve_sampler(model: Any, name: str, key: str = "rollout") -> str:

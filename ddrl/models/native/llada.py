@@ -197,8 +197,9 @@ class LLaDAConfig:
 
 @dataclass
 class MMaDAConfig(LLaDAConfig):
-    """LLaDA's fields plus MMaDA's image-codebook facts. Image code c is token id
-    llm_vocab_size + num_new_special_tokens + c (image_token_offset + c)."""
+    """LLaDA's fields plus MMaDA's image-codebook facts. Image code c is token id len(tokenizer) + c,
+    which the config cannot know (ddrl.models.families.image_token_range); llm_vocab_size counts the
+    embedding's text rows, padded past the tokenizer."""
 
     llm_vocab_size: int = 0  # the text vocabulary (LLaDA's 126464 for MMaDA-8B)
     codebook_size: int = 0  # VQ codebook entries (8192 for MMaDA-8B)
@@ -206,14 +207,6 @@ class MMaDAConfig(LLaDAConfig):
     num_vq_tokens: int | None = None  # image tokens per image, when the config says
 
     model_type: ClassVar[str] = "mmada"
-
-    @property
-    def image_token_offset(self) -> int:
-        return self.llm_vocab_size + self.num_new_special_tokens
-
-    @property
-    def image_token_range(self) -> tuple[int, int]:
-        return self.image_token_offset, self.image_token_offset + self.codebook_size
 
     @classmethod
     def _extra_fields(cls, data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -458,7 +451,7 @@ class LLaDABackbone(LayerCheckpointing, nn.Module):
 class MMaDABackbone(LLaDABackbone):
     """MMaDA (config model_type "mmada", MMadaModelLM): the LLaDA backbone over text + image-codebook ids.
 
-    config.image_token_range is [first, end) of the image codes in the vocabulary."""
+    Its image codes start after the tokenizer (ddrl.models.families.image_token_range)."""
 
     family: ClassVar[str] = "mmada"
     config_class: ClassVar[type[LLaDAConfig]] = MMaDAConfig
