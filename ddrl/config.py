@@ -69,6 +69,9 @@ class ModelConfig:
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
     trust_remote_code: bool = False  # run a non-native directory's own code (auto_map); LLaDA/Dream/SDAR never do
     mask_token_id: int | None = None  # override the family's mask id (HF models)
+    # the image decoder's directory: MMaDA + MAGVIT-v2 (the model then generates images), or another
+    # AutoencoderVQ for an URSA pipeline (default: its vae/); load_model(path, vq_path=...)
+    vq_path: str | None = None
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     @property
