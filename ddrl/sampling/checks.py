@@ -211,7 +211,8 @@ def model_samplers(model: Any) -> tuple[str, ...]:
     sampler would run semi-AR blocks of any length over it. DiffusionGemma denoises one canvas
     (its own sampler; ddrl's uniform sampler records a trajectory). Uniform-process models take the
     uniform sampler. Masked models take the masked sampler or MaskGRPO's emerge; Dream also its own
-    diffusion_generate, which its peers' recipes name explicitly (rollout.name=dream)."""
+    diffusion_generate, which its peers' recipes name explicitly (rollout.name=dream). A metric-path
+    model (URSA) takes the metric path's CTMC sampler only: the uniform posterior does not exist there."""
     family = getattr(model, "family", None)
     process = (getattr(model, "process_spec", None) or {}).get("name", "masked")
     if family == "diffusion_gemma":
@@ -220,6 +221,8 @@ def model_samplers(model: Any) -> tuple[str, ...]:
         return ("block",)
     if process == "uniform":
         return ("uniform",)
+    if process == "metric_path":
+        return ("metric_path",)
     if family == "dream":
         return ("masked", "dream", "emerge")
     return ("masked", "emerge")

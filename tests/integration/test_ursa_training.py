@@ -1,0 +1,74 @@
+"""UDM-GRPO's own system on the tiny URSA pipeline (tests/fixtures/ursa/model, made by the authors'
+code): text-to-image prompts laid out as URSA's pipeline lays them, rollouts by the metric-path CTMC,
+images decoded by the pipeline's VQ decoder and scored by PickScore (a tiny random CLIP) or by a
+reward server on loopback, and a few UDM-GRPO steps that move the weights."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import ddrl
+from ddrl.config import RLConfig, load_config
+from tests.integration.conftest import ROOT
+from tests.tiny_clip import write_tiny_clip
+
+URSA = ROOT / "tests/fixtures/ursa/model"
+PROMPTS = ["a red cat", "is it", "blue tree on a hill", "sun"]
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory):
+    return write_tiny_clip(tmp_path_factory.mktemp("clip"))
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_text("\n".join(PROMPTS) + "\n")
+    test = tmp_path / "test.txt"
+    test.write_text("green sea\n")
+    return path, test
+
+
+def overrides(out: Path, train: Path, test: Path, reward: str, *extra: str) -> list[str]:
+    return [f"model.path={URSA}", "model.dtype=float32", "model.mixed_precision=none", "task.name=text_to_image",
+            f"task.args={{image_grid: [4, 4], train_path: {train}, test_path: {test}, dev_fraction: 0.0, "
+            f"reward: {reward}}}",
+            "rollout.name=metric_path", "rollout.gen_length=16", "rollout.steps=4", "rollout.cfg_scale=0.0",
+            "method.objective=udm_grpo", "train.steps=2", "train.prompts_per_step=2", "train.group_size=2",
+            "train.lr=1e-2", "eval.n=0", "eval.every=0", "eval.before=false", "train.progress=false",
+            "train.tensorboard=false", "train.save_every=0", "dist.strategy=none", f"output_dir={out}", *extra]
+
+
+def test_trainer_prompts_are_ursas_own_layout(prompt_file, clip_dir, tmp_path):
+    """ddrl's trainer tokenizes and left-pads prompts with no URSA case: URSA's tokenizer gives every
+    prompt the pipeline's fixed-length layout, so the batch is model.encode_prompts' (mask all ones)."""
+    from ddrl.training.trainer import Trainer
+
+    train, test = prompt_file
+    reward = json.dumps("pickscore") + f", reward_args: {{model: {clip_dir}}}"
+    trainer = Trainer(load_config(ROOT / "configs/rl/udm_grpo_digits.yaml",
+                                  overrides(tmp_path / "run", train, test, reward), RLConfig))
+    batch = trainer.rollout(1)
+    texts = [ex["prompt"] for ex in batch.extras["examples"]]
+    ids, mask = trainer.model.encode_prompts(texts)
+    assert ids.shape[1] == 320 + 1  # the released max_prompt_length, then <bov>
+    assert torch.equal(batch.prompt_ids.cpu(), ids) and torch.equal(batch.prompt_mask.cpu().long(), mask)
+    assert bool((batch.prompt_ids[:, -1] == trainer.model.bov_token_id).all())
+    lo, hi = trainer.model.image_token_range
+    assert batch.completion_ids.shape == (4, 16) and bool(((batch.completion_ids >= lo) & (batch.completion_ids < hi)).all())
+
+
+def test_tokenizer_encodes_the_pipeline_layout():
+    model = ddrl.load_model(URSA)
+    model.max_prompt_length = 8
+    row = model.tokenizer.encode_prompt("red cat")
+    hf = model.tokenizer.tokenizer("red cat").input_ids
+    assert row == [model.pad_token_id] * (8 - len(hf)) + hf + [model.bov_token_id]
+    long = model.tokenizer.encode_prompt("a very long caption of many words")
+    assert len(long) == 9 and long[:-1] == model.tokenizer.tokenizer("a very long caption of many words").input_ids[:8]
