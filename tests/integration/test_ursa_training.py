@@ -72,3 +72,55 @@ def test_tokenizer_encodes_the_pipeline_layout():
     assert row == [model.pad_token_id] * (8 - len(hf)) + hf + [model.bov_token_id]
     long = model.tokenizer.encode_prompt("a very long caption of many words")
     assert len(long) == 9 and long[:-1] == model.tokenizer.tokenizer("a very long caption of many words").input_ids[:8]
+
+
+def _moved(run: Path) -> float:
+    """Largest change of any transformer weight between the fixture and the run's last checkpoint."""
+    from safetensors.torch import load_file
+
+    name = "transformer/diffusion_pytorch_model.safetensors"
+    a, b = load_file(URSA / name), load_file(run / "checkpoint-2" / name)
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def _check_run(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["reward/mean"]) for r in rows), rows
+    assert _moved(run) > 0, "parameters did not change"
+    return rows
+
+
+def test_udm_grpo_trains_with_pickscore(prompt_file, clip_dir, tmp_path):
+    """A 2-step UDM-GRPO run: metric-path rollouts decoded by the pipeline's VQ decoder, scored by PickScore
+    (a tiny random CLIP), grid states re-noised by the metric path; finite loss, moved weights, and the
+    run's last checkpoint is an URSA pipeline ddrl reloads."""
+    from ddrl.training.trainer import train
+
+    train_file, test_file = prompt_file
+    reward = json.dumps("pickscore") + f", reward_args: {{model: {clip_dir}}}"
+    run = train(ROOT / "configs/rl/udm_grpo_digits.yaml",
+                overrides(tmp_path / "run", train_file, test_file, reward, "method.estimator_args={}"))
+    _check_run(run)
+    reloaded = ddrl.load_model(run / "checkpoint-2")
+    assert reloaded.family == "ursa" and reloaded.tokenizer.encode_prompt("sun")[-1] == reloaded.bov_token_id
+
+
+def test_udm_grpo_trains_with_a_served_reward(prompt_file, clip_dir, tmp_path):
+    """The same with PickScore served over HTTP on loopback (ddrl serve-reward's server): the images travel
+    as PNG, the caption as JSON."""
+    from ddrl.rewards.model_based import pickscore_reward
+    from ddrl.rewards.server import serve_reward
+    from ddrl.training.trainer import train
+
+    server = serve_reward(pickscore_reward(clip_dir), background=True)
+    try:
+        train_file, test_file = prompt_file
+        reward = json.dumps("server") + f", reward_args: {{url: {server.url}}}"
+        run = train(ROOT / "configs/rl/udm_grpo_digits.yaml",
+                    overrides(tmp_path / "run", train_file, test_file, reward, "method.estimator_args={}"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    _check_run(run)
