@@ -124,3 +124,24 @@ def test_udm_grpo_trains_with_a_served_reward(prompt_file, clip_dir, tmp_path):
         server.shutdown()
         server.server_close()
     _check_run(run)
+
+
+def test_lora_reference_is_the_adapter_disabled(prompt_file, tmp_path):
+    """With LoRA (their `disable_adapter` branch) the reference is the policy with its adapter off: no
+    second copy, a KL of 0 at the first step and above 0 once the adapter has moved."""
+    from ddrl.rewards.server import serve_reward
+    from ddrl.training.trainer import Trainer
+
+    server = serve_reward(lambda completions, images=None, **_: images.mean(dim=(1, 2, 3)).tolist(), background=True)
+    try:
+        train_file, test_file = prompt_file
+        reward = json.dumps("server") + f", reward_args: {{url: {server.url}}}"
+        trainer = Trainer(load_config(ROOT / "configs/rl/udm_grpo_digits.yaml", overrides(
+            tmp_path / "run", train_file, test_file, reward, "method.estimator_args={}", "model.lora.rank=4",
+            "model.lora.alpha=8"), RLConfig))
+        assert trainer.ref_model is None
+        first, second = trainer.train_step(1), trainer.train_step(2)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert first["kl"] == 0.0 and second["kl"] > 0 and math.isfinite(second["loss"])
