@@ -99,9 +99,10 @@ def write_task_files(task: str, d: Path, suffix: str = "") -> tuple[str, str]:
                  "code": "def double(x):\n    return 2 * x", "test_list": ["assert double(2) == 4"],
                  "test_setup_code": "", "challenge_test_list": []}]
         return _jsonl(d / "mbpp_train.jsonl", rows), _jsonl(d / "mbpp_test.jsonl", test)
-    if task == "text_to_image":  # GenEval's metadata jsonl, or a prompt list (PickScore, OCR), by the placeholder's suffix
-        rows = [{"tag": "counting", "include": [{"class": "cat", "count": n}], "exclude": [{"class": "cat", "count": n + 1}],
-                 "prompt": f"a photo of {word} cats"} for n, word in ((2, "two"), (3, "three"), (4, "four"))]
+    if task == "text_to_image":  # GenEval's metadata jsonl, or a prompt list (PickScore, OCR), by the suffix
+        rows = [{"tag": "counting", "include": [{"class": "cat", "count": n}],
+                 "exclude": [{"class": "cat", "count": n + 1}], "prompt": f"a photo of {word} cats"}
+                for n, word in ((2, "two"), (3, "three"), (4, "four"))]
         if suffix == ".jsonl":
             return _jsonl(d / "train_metadata.jsonl", rows[:2]), _jsonl(d / "test_metadata.jsonl", rows[2:])
         (d / "train.txt").write_text("".join(r["prompt"] + "\n" for r in rows[:2]))

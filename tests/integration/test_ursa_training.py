@@ -61,7 +61,8 @@ def test_trainer_prompts_are_ursas_own_layout(prompt_file, clip_dir, tmp_path):
     assert torch.equal(batch.prompt_ids.cpu(), ids) and torch.equal(batch.prompt_mask.cpu().long(), mask)
     assert bool((batch.prompt_ids[:, -1] == trainer.model.bov_token_id).all())
     lo, hi = trainer.model.image_token_range
-    assert batch.completion_ids.shape == (4, 16) and bool(((batch.completion_ids >= lo) & (batch.completion_ids < hi)).all())
+    codes = batch.completion_ids
+    assert codes.shape == (4, 16) and bool(((codes >= lo) & (codes < hi)).all())
 
 
 def test_tokenizer_encodes_the_pipeline_layout():
