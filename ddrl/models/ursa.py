@@ -22,10 +22,15 @@ directory instead of the pipeline's vae/.
 The model: logits are realigned (URSA's position i scores token i + 1; DiffusionLM's logits_shifted)
 and only codebook ids are ever sampled (logits_range = image_token_range: code c is token
 lm_vocab_size + c). Its process is the metric path over the codebook; its sampler is
-ddrl.sampling.metric_path (rollout.name=metric_path). The prompt is URSA's: the text tokenized and
-left-padded to max_prompt_length (320, the pipeline's default; set model.max_prompt_length) with the
-pad token *attended* (mask 1, as their pipeline passes no mask), then <bov> (encode_prompts). The latent
-grid of an image is model.image_shape (h, w), else square.
+ddrl.sampling.metric_path (rollout.name=metric_path). The latent grid of an image is
+model.image_shape (h, w), else square.
+
+The prompt is URSA's: the text tokenized, truncated and left-padded to max_prompt_length (320, the
+pipeline's default; set model.max_prompt_length) with the pad token *attended* (their pipeline passes
+no mask), then <bov>. model.tokenizer (URSATokenizer) encodes every prompt in that fixed-length layout
+(encode_prompt), so ddrl's trainer and eval, which tokenize then left-pad to the widest row
+(ddrl.data.tokenize_prompts, pad_prompts), add no padding and get a mask of ones: the batch
+model.encode_prompts gives, with no URSA case in the trainer.
 
 save_pretrained writes the same layout back: transformer/ from the (trained) weights, vae/, scheduler/
 and tokenizer/ copied from where they were read. The VQ decoder lives outside the module tree (it is
@@ -41,6 +46,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from ddrl.data import prompt_parts
 from ddrl.models.hf import HFDiffusionLM
 from ddrl.models.hf_tokenizer import HFTokenizer, load_tokenizer, missing_tokenizer_error
 from ddrl.models.io import CONFIG_FILE, INCOMPLETE_MARKER, ModelDirectoryError, atomic_directory, read_json, write_json
@@ -54,7 +60,7 @@ SCHEDULER_WEIGHTS = "scheduler_model.pth"
 COMPONENTS = ("transformer", "vae", "scheduler", "tokenizer")
 DEFAULT_MAX_PROMPT_LENGTH = 320  # URSAPipeline.__call__'s max_prompt_length
 
-__all__ = ["URSADiffusionLM", "is_pipeline_dir", "load_ursa"]
+__all__ = ["URSADiffusionLM", "URSATokenizer", "is_pipeline_dir", "load_ursa"]
 
 
 def is_pipeline_dir(path: str | Path) -> bool:
@@ -98,6 +104,28 @@ def read_scheduler(directory: Path) -> tuple[dict[str, Any], Tensor]:
     return config, state["path.emb"].float()
 
 
+class URSATokenizer(HFTokenizer):
+    """URSA's Qwen3 tokenizer, whose prompt is fixed-length (module docstring): encode_prompt gives the
+    text truncated (on the right) and left-padded with the pad id to max_prompt_length, then <bov>, as
+    URSAPipeline.encode_prompt tokenizes (max_length, truncation, padding="max_length", left)."""
+
+    def __init__(self, tokenizer: Any, *, mask_token_id: int, bov_token_id: int,
+                 max_prompt_length: int = DEFAULT_MAX_PROMPT_LENGTH):
+        super().__init__(tokenizer, mask_token_id=mask_token_id)
+        self.bov_token_id, self.max_prompt_length = int(bov_token_id), int(max_prompt_length)
+
+    def encode_prompt(self, prompt: Any, max_prompt_length: int | None = None) -> list[int]:
+        """[pad ... pad, text ids, <bov>]: max_prompt_length + 1 ids (a str, or a ChatPrompt of one user turn)."""
+        text, system, prefill = prompt_parts(prompt)
+        if system is not None or prefill:
+            raise ValueError("URSA's prompt is a caption: a ChatPrompt's system message or pre-fill has no place in "
+                             f"it (system={system!r}, prefill={prefill!r})")
+        length = int(max_prompt_length or self.max_prompt_length)
+        ids = self.tokenizer(text, max_length=length, padding="max_length", padding_side="left",
+                             truncation=True).input_ids
+        return list(ids) + [self.bov_token_id]
+
+
 class URSADiffusionLM(HFDiffusionLM):
     """DiffusionLM over URSA's transformer, with its VQ decoder, metric path and prompt layout (module docstring).
 
@@ -108,19 +136,30 @@ class URSADiffusionLM(HFDiffusionLM):
                       for save_pretrained.
     """
 
-    max_prompt_length: int = DEFAULT_MAX_PROMPT_LENGTH
-
     def __init__(self, model: URSABackbone, tokenizer: Any, *, decoder: VQDecoder, codebook: Tensor,
                  scheduler_config: dict[str, Any], sources: dict[str, Any], **kwargs: Any):
         super().__init__(model, tokenizer, **kwargs)
         self.__dict__["vq_decoder"] = decoder  # not a submodule: never trained, sharded, or moved by .to()
         self._codebook, self.scheduler_config, self.sources = codebook, dict(scheduler_config), dict(sources)
         self._metric_process: MetricPathProcess | None = None
+        self._max_prompt_length = DEFAULT_MAX_PROMPT_LENGTH  # used when there is no tokenizer to hold it
 
     # ------------------------------------------------------------------ what URSA adds
     @property
     def bov_token_id(self) -> int:
         return int(self.model.config.bov_token_id)
+
+    @property
+    def max_prompt_length(self) -> int:
+        """The text part of URSA's prompt, in tokens (320 for the released models); the tokenizer's."""
+        tokenizer = self.tokenizer
+        return tokenizer.max_prompt_length if isinstance(tokenizer, URSATokenizer) else self._max_prompt_length
+
+    @max_prompt_length.setter
+    def max_prompt_length(self, length: int) -> None:
+        if isinstance(self.tokenizer, URSATokenizer):
+            self.tokenizer.max_prompt_length = int(length)
+        self._max_prompt_length = int(length)
 
     @property
     def image_shape(self) -> tuple[int, int] | None:
@@ -143,15 +182,11 @@ class URSADiffusionLM(HFDiffusionLM):
         return self._metric_process
 
     def encode_prompts(self, texts: Sequence[str], max_prompt_length: int | None = None) -> tuple[Tensor, Tensor]:
-        """URSA's prompt: each text tokenized, truncated and left-padded to max_prompt_length, then <bov>.
-        -> (ids [B, P + 1], attention mask [B, P + 1] of ones: URSA attends its padding)."""
-        if self.tokenizer is None:
+        """URSA's prompts (URSATokenizer.encode_prompt): -> (ids [B, P + 1], attention mask [B, P + 1] of ones:
+        URSA attends its padding)."""
+        if not isinstance(self.tokenizer, URSATokenizer):
             raise ValueError("this URSA model was loaded without a tokenizer (no tokenizer/ folder)")
-        length = int(max_prompt_length or self.max_prompt_length)
-        hf = getattr(self.tokenizer, "tokenizer", self.tokenizer)
-        ids = hf(list(texts), max_length=length, padding="max_length", padding_side="left", truncation=True,
-                 return_tensors="pt").input_ids
-        ids = torch.cat([ids, torch.full((ids.shape[0], 1), self.bov_token_id, dtype=ids.dtype)], dim=1)
+        ids = torch.tensor([self.tokenizer.encode_prompt(t, max_prompt_length) for t in texts], dtype=torch.long)
         return ids, torch.ones_like(ids)
 
     @torch.no_grad()
@@ -224,7 +259,8 @@ def load_ursa(path: str | Path, *, device: torch.device | str | None = None, dty
                                   f"transformer's lm_vocab_size is {lo} (codes start there); use the pipeline's own")
     pad = getattr(hf_tokenizer, "pad_token_id", None)
     mask_id = mask_token_id if mask_token_id is not None else (pad if pad is not None else config.bov_token_id)
-    tokenizer = HFTokenizer(hf_tokenizer, mask_token_id=mask_id) if hf_tokenizer is not None else None
+    tokenizer = None if hf_tokenizer is None else URSATokenizer(hf_tokenizer, mask_token_id=mask_id,
+                                                                bov_token_id=config.bov_token_id)
     sched = {k: v for k, v in scheduler_config.items() if not k.startswith("_")}
     spec = {"name": "metric_path", "num_classes": hi - lo, "offset": lo,
             **{k: sched[k] for k in ("alpha", "c", "shift") if k in sched}}

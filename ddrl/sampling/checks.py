@@ -210,8 +210,10 @@ def model_samplers(model: Any) -> tuple[str, ...]:
     A block-causal model (SDAR/TraDo, ddrl's block models) decodes its own blocks: the masked
     sampler would run semi-AR blocks of any length over it. DiffusionGemma denoises one canvas
     (its own sampler; ddrl's uniform sampler records a trajectory). Uniform-process models take the
-    uniform sampler, metric-path models (URSA) the CTMC sampler. Masked models take the masked sampler, MaskGRPO's emerge or MMaDA's maskgit; Dream also its own
-    diffusion_generate, which its peers' recipes name explicitly (rollout.name=dream)."""
+    uniform sampler; a metric-path model (URSA) the metric path's CTMC sampler only (the uniform
+    posterior does not exist there). Masked models take the masked sampler, MaskGRPO's emerge or
+    MMaDA's maskgit; Dream also its own diffusion_generate, which its peers' recipes name explicitly
+    (rollout.name=dream)."""
     family = getattr(model, "family", None)
     process = (getattr(model, "process_spec", None) or {}).get("name", "masked")
     if family == "diffusion_gemma":
