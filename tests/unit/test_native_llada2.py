@@ -191,3 +191,149 @@ def test_foreign_weights_fail_before_loading(tmp_path):
     save_file(state, str(shard))
     with pytest.raises(ModelDirectoryError, match="not a llada2_moe checkpoint"):
         LLaDA2Backbone.from_pretrained(tmp_path / "m")
+
+
+# --------------------------------------------------------------------------------------------
+# ddrl.load_model and the samplers: tokens equal to both generate() functions
+# --------------------------------------------------------------------------------------------
+
+
+def runs(version: str) -> list[dict]:
+    return META["per_version"][version]["generate"]["runs"]
+
+
+def settings(version: str) -> dict:
+    return META["per_version"][version]["generate"]["settings"]
+
+
+@pytest.fixture(scope="module")
+def lm20():
+    import ddrl
+
+    return ddrl.load_model(model_dir("2.0"), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def lm21():
+    import ddrl
+
+    return ddrl.load_model(model_dir("2.1"), dtype=torch.float32).eval()
+
+
+def test_load_model_reads_the_official_directory_natively(lm20):
+    """auto_map names their code; the family is native, so none of it is needed or run."""
+    assert json.loads((model_dir("2.0") / "config.json").read_text())["auto_map"]
+    assert lm20.family == "llada2" and lm20.block_size == BLOCK and lm20.mask_token_id == MASK
+    assert isinstance(lm20.model, LLaDA2Backbone) and lm20.process_spec["name"] == "block"
+    ids = GOLDEN["v20_row0_ids"][None]
+    with torch.no_grad():
+        assert_logits(lm20(ids).logits[0], GOLDEN["v20_row0_logits"])
+
+
+def threshold_generate(lm, prompt_ids, mask, gen_length: int, cache: str) -> torch.Tensor:
+    """LLaDA2.0's generate() as ddrl's block sampler: SDAR's dynamic rule (commit every masked slot
+    above the threshold if there are >= k, else the top k) with k from get_num_transfer_tokens(
+    block_length, steps), their steps = min(steps, gen_length) per block; ddrl's steps are per
+    ceil(gen_length / block_length) blocks."""
+    from ddrl.sampling.masked import generate
+
+    spb = min(settings("2.0")["steps"], gen_length)
+    out = generate(lm, prompt_ids, mask, steps=spb * -(-gen_length // BLOCK), gen_length=gen_length,
+                   block_length=BLOCK, temperature=0.0, remasking="sdar_dynamic",
+                   threshold=settings("2.0")["threshold"], mask_id=MASK, cache=cache)
+    return out[:, prompt_ids.shape[1]:]
+
+
+@pytest.mark.parametrize("cache", ["none", "auto"])
+@pytest.mark.parametrize("run", runs("2.0"), ids=lambda r: f"p{r['prompt']}_L{r['gen_length']}")
+def test_threshold_decoding_reproduces_llada20_generate(lm20, run, cache):
+    """Their generate() returns the completion up to its first EOS (and stops decoding after the
+    block holding it); ddrl's tokens up to there are theirs."""
+    prompt = GOLDEN[f"v20_prompt{run['prompt']}"][None]
+    want = GOLDEN[f"v20_gen_p{run['prompt']}_L{run['gen_length']}"]
+    got = threshold_generate(lm20, prompt, torch.ones_like(prompt), run["gen_length"], cache)
+    assert got[0, :len(want)].tolist() == want.tolist()
+
+
+def test_threshold_decoding_left_padded_batch(lm20):
+    L = 56
+    prompts = [GOLDEN[f"v20_prompt{i}"] for i in range(4)]
+    ids, mask = left_pad(prompts)
+    got = threshold_generate(lm20, ids, mask, L, "auto")
+    for i in range(4):
+        want = GOLDEN[f"v20_gen_p{i}_L{L}"]
+        assert got[i, :len(want)].tolist() == want.tolist(), i
+
+
+def edit_kwargs() -> dict:
+    s = settings("2.1")
+    return {"threshold": s["threshold"], "editing_threshold": s["editing_threshold"],
+            "max_post_steps": s["max_post_steps"], "num_to_transfer": s["num_to_transfer"]}
+
+
+@pytest.mark.parametrize("cache", [False, True])
+@pytest.mark.parametrize("run", runs("2.1"), ids=lambda r: f"p{r['prompt']}_L{r['gen_length']}")
+def test_token_editing_reproduces_llada21_generate(lm21, run, cache):
+    """Tokens up to their first EOS equal; without the cache, as many model calls as theirs."""
+    from ddrl.sampling.llada2 import edit_generate
+
+    assert run["edits_seen"] > 0  # editing fires on this model
+    prompt = GOLDEN[f"v21_prompt{run['prompt']}"][None]
+    want = GOLDEN[f"v21_gen_p{run['prompt']}_L{run['gen_length']}"]
+    got, nfe = edit_generate(lm21, prompt, None, gen_length=run["gen_length"], cache=cache, **edit_kwargs())
+    assert got[0, :len(want)].tolist() == want.tolist()
+    if not cache:
+        assert nfe == run["model_calls"]
+
+
+def test_llada21_as_shipped_differs_and_is_recorded():
+    """Their 2.1 generate() adds a 0/1 mask (nothing masked); the fixture says where that changes tokens."""
+    assert all(r["as_shipped_differs"] for r in runs("2.1"))
+    assert all(f"v21_genasis_p{r['prompt']}_L{r['gen_length']}" in GOLDEN for r in runs("2.1"))
+
+
+def test_token_editing_left_padded_batch(lm21):
+    from ddrl.sampling.llada2 import edit_generate
+
+    L = 56
+    ids, mask = left_pad([GOLDEN[f"v21_prompt{i}"] for i in range(4)])
+    got, _ = edit_generate(lm21, ids, mask, gen_length=L, **edit_kwargs())
+    for i in range(4):
+        want = GOLDEN[f"v21_gen_p{i}_L{L}"]
+        assert got[i, :len(want)].tolist() == want.tolist(), i
+
+
+def test_auto_picks_each_versions_own_sampler(tmp_path, lm20):
+    """The two versions' config.json files are the same: 2.1 is told by its modeling file's generate()
+    (read as text, never run) or generation_config.json's editing_threshold; a save keeps it."""
+    import ddrl
+    from ddrl.sampling.checks import resolve_sampler
+
+    assert resolve_sampler(lm20, "auto") == "block"
+    shutil.copytree(model_dir("2.1"), tmp_path / "m")
+    (tmp_path / "m" / "modeling_llada2_moe.py").write_text("def generate(self, editing_threshold=0.9): ...\n")
+    edited = ddrl.load_model(tmp_path / "m", dtype=torch.float32)
+    assert resolve_sampler(edited, "auto") == "llada2_edit" and resolve_sampler(edited, "block") == "block"
+    edited.save_pretrained(tmp_path / "saved")
+    assert not (tmp_path / "saved" / "modeling_llada2_moe.py").exists()
+    assert resolve_sampler(ddrl.load_model(tmp_path / "saved"), "auto") == "llada2_edit"
+
+
+def test_llada2_edit_registry_sampler(lm21):
+    from types import SimpleNamespace
+
+    from ddrl.registry import SAMPLERS
+
+    run = runs("2.1")[2]
+    prompt = GOLDEN[f"v21_prompt{run['prompt']}"][None]
+    s = settings("2.1")
+    cfg = SimpleNamespace(gen_length=run["gen_length"], block_length=None, threshold=s["threshold"],
+                          editing_threshold=s["editing_threshold"], max_post_steps=s["max_post_steps"],
+                          temperature=0.0, cache="auto", steps=1)
+    out = SAMPLERS.get("llada2_edit")(lm21, prompt, None, cfg, generator=None)
+    want = GOLDEN[f"v21_gen_p{run['prompt']}_L{run['gen_length']}"]
+    assert out.completion_ids[0, :len(want)].tolist() == want.tolist()
+    g = torch.Generator().manual_seed(0)
+    cfg.temperature = 1.0
+    drawn = SAMPLERS.get("llada2_edit")(lm21, prompt, None, cfg, generator=g).completion_ids
+    assert drawn.shape == (1, run["gen_length"]) and not (drawn == MASK).any()

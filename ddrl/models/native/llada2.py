@@ -36,7 +36,8 @@ empty slice when no token chose it, so every parameter is in the graph (DDP, FSD
 block-causal, bidirectional inside a block): the 0 / -inf mask LLaDA2.0's generate() builds, over
 positions counted on real tokens. config.json names no block size; it is read, in order, from
 config.json "block_size", the "ddrl" section of a ddrl save, generation_config.json "block_length",
-else 32 (the block_length of both modeling files' generate()).
+else 32 (the block_length of both modeling files' generate()). LLaDA2.1 is told from 2.0 (same
+config.json) by `is_token_editing`: its sampler edits tokens (ddrl.sampling.llada2).
 
 Where this module differs from theirs: given only a 2-D padding mask (or none) their forward is
 causal (transformers' _prepare_4d_causal_attention_mask), which is neither how the model is trained
@@ -112,10 +113,11 @@ class LLaDA2Config:
     tie_word_embeddings: bool
     pad_token_id: int | None
     block_size: int
+    token_editing: bool = False  # LLaDA2.1: its generate() edits decoded tokens (ddrl.sampling.llada2)
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], *, block_size: int) -> "LLaDA2Config":
+    def from_dict(cls, raw: dict[str, Any], *, block_size: int, token_editing: bool = False) -> "LLaDA2Config":
         if raw.get("model_type") != MODEL_TYPE:
             raise ModelDirectoryError(f"config.json has model_type {raw.get('model_type')!r}, not {MODEL_TYPE!r}; "
                                       f"load it with its own family")
@@ -151,7 +153,17 @@ class LLaDA2Config:
             first_k_dense_replace=int(raw.get("first_k_dense_replace") or 0),
             use_qkv_bias=bool(raw.get("use_qkv_bias", False)), use_bias=bool(raw.get("use_bias", False)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), pad_token_id=raw.get("pad_token_id"),
-            block_size=int(block_size), raw=dict(raw))
+            block_size=int(block_size), token_editing=token_editing, raw=dict(raw))
+
+
+def is_token_editing(directory: Path, raw: dict[str, Any]) -> bool:
+    """LLaDA2.1 or 2.0? Their config.json files are the same; 2.1's modeling file's generate() takes an
+    editing_threshold (read as text, never run), or generation_config.json / the ddrl section names one."""
+    generation = read_json(directory / GENERATION_CONFIG) if (directory / GENERATION_CONFIG).is_file() else {}
+    if "editing_threshold" in generation or (raw.get("ddrl") or {}).get("token_editing"):
+        return True
+    code = directory / "modeling_llada2_moe.py"
+    return code.is_file() and "editing_threshold" in code.read_text(errors="replace")
 
 
 def stored_block_size(directory: Path, raw: dict[str, Any]) -> int:
@@ -373,7 +385,7 @@ class LLaDA2Backbone(LayerCheckpointing, nn.Module):
         stored = stored_block_size(path, raw)
         if block_size is not None and int(block_size) != stored:
             raise ValueError(f"block_size={block_size} contradicts {str(path)!r}'s block size {stored}; drop it")
-        config = LLaDA2Config.from_dict(raw, block_size=stored)
+        config = LLaDA2Config.from_dict(raw, block_size=stored, token_editing=is_token_editing(path, raw))
         with torch.device("meta"):
             model = cls(config)
         got = weight_names(path) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
@@ -391,7 +403,8 @@ class LLaDA2Backbone(LayerCheckpointing, nn.Module):
 
     def save_pretrained(self, directory: str | Path, state_dict: dict[str, Tensor] | None = None) -> None:
         """config.json (every field of the loaded one) + safetensors with the official names
-        (sharded with an index past 5 GB, as the hub's)."""
+        (sharded with an index past 5 GB, as the hub's) + generation_config.json with the block
+        length (and, for LLaDA2.1, editing_threshold: is_token_editing reads it back)."""
         state = dict(self.state_dict() if state_dict is None else state_dict)
         if self.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
@@ -399,3 +412,8 @@ class LLaDA2Backbone(LayerCheckpointing, nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         write_json(directory / "config.json", self.config.raw)
         write_weights(directory, state)
+        # what tells this checkpoint's decoding, kept by a save (its modeling file is not copied)
+        generation = {"pad_token_id": self.config.pad_token_id, "block_length": self.config.block_size}
+        if self.config.token_editing:
+            generation["editing_threshold"] = 0.9  # LLaDA2.1's generate() default
+        write_json(directory / GENERATION_CONFIG, generation)
