@@ -10,6 +10,7 @@ the DiffusionLM around it:
 | mmada           | native (LLaDA backbone)       | 126336             | aligned      | masked  | image codebook    |
 | dream           | native (native/dream.py)      | 151666             | shifted by 1 | masked  | DiffuCoder        |
 | sdar            | native (native/sdar.py)       | config / tokenizer | aligned      | block   | TraDo; block size |
+| llada2          | native (native/llada2.py)     | tokenizer          | aligned      | block   | LLaDA2.0/2.1 MoE; block 32 |
 | diffusion_gemma | transformers' own class       | config / tokenizer | aligned      | uniform | "canvas" feed     |
 | ursa            | native (native/ursa.py)       | (pad id)           | shifted by 1 | metric_path | pipeline folder, VQ decoder |
 | generic         | transformers (+ remote code)  | config / tokenizer | aligned      | masked  | "native" feed     |
@@ -28,7 +29,8 @@ logits_range to its image codebook instead.
 **Block size** (SDAR/TraDo): `checkpoint_block_size` is the rule, the one ddrl.models.native.sdar
 reads too: config.json "block_size" (every released SDAR/TraDo names 4), else the one a ddrl save
 recorded in its "ddrl" section, else the one asked for (model.block_size); a block family with
-none of them is an error before any weights are read.
+none of them is an error before any weights are read. LLaDA2 (whose config.json names none) has a
+default: generation_config.json "block_length", else 32, the block_length of its generate().
 
 **MMaDA images.** MMaDA's image tokens are an 8192-entry VQ codebook placed right after the text
 tokenizer: code c is token len(tokenizer) + c (126349 + c for MMaDA-8B, whose tokenizer has 126,349
@@ -57,6 +59,7 @@ class FamilyFacts:
     native: bool = False  # built by ddrl's own model code (ddrl.models.native.NATIVE_FAMILIES)
     native_module: str | None = None  # ddrl.models.native.<module> registers the family's class
     tokenizer_vocab_only: bool = False  # sample only ids < len(tokenizer) (the model's vocabulary is padded)
+    default_block_size: int | None = None  # a block family whose config.json names none (LLaDA2: 32)
 
 
 FAMILIES: dict[str, FamilyFacts] = {
@@ -66,6 +69,8 @@ FAMILIES: dict[str, FamilyFacts] = {
     "dream": FamilyFacts(mask_token_id=151666, logits_shifted=True, native=True, native_module="dream",
                          tokenizer_vocab_only=True),
     "sdar": FamilyFacts(process="block", native=True, native_module="sdar", tokenizer_vocab_only=True),
+    "llada2": FamilyFacts(process="block", native=True, native_module="llada2", tokenizer_vocab_only=True,
+                          default_block_size=32),
     "diffusion_gemma": FamilyFacts(attention="canvas", process="uniform"),
     "ursa": FamilyFacts(logits_shifted=True, process="metric_path", image_codebook=True, native=True,
                         native_module="ursa"),
@@ -73,8 +78,8 @@ FAMILIES: dict[str, FamilyFacts] = {
 }
 
 # Substrings of model_type / architectures / auto_map that name a family, tried in this order
-# (MMaDA before LLaDA: MMaDA's classes mention both). TraDo models are SDAR models.
-_FAMILY_NAMES = (("mmada", "mmada"), ("llada", "llada"), ("dream", "dream"), ("sdar", "sdar"), ("trado", "sdar"),
+# (MMaDA and LLaDA2 before LLaDA: their classes mention it). TraDo models are SDAR models.
+_FAMILY_NAMES = (("mmada", "mmada"), ("llada2", "llada2"), ("llada", "llada"), ("dream", "dream"), ("sdar", "sdar"), ("trado", "sdar"),
                  ("diffusion_gemma", "diffusion_gemma"), ("diffusiongemma", "diffusion_gemma"))
 
 # MMaDA-8B's codebook size when its config.json does not spell it out.
@@ -98,13 +103,16 @@ def family_facts(family: str) -> FamilyFacts:
 
 
 def checkpoint_block_size(config: dict[str, Any], facts: FamilyFacts, requested: int | None = None,
-                          where: str = "the checkpoint") -> int | None:
+                          where: str = "the checkpoint", generation: dict[str, Any] | None = None) -> int | None:
     """The block length the checkpoint was trained with (None = full attention); module docstring.
+    generation: the directory's generation_config.json, for a family with a default_block_size.
 
     A requested block size that contradicts the checkpoint's is an error (before any compute)."""
     stored = config.get("block_size") or (config.get("ddrl") or {}).get("block_size")
     if facts.process != "block":
         stored = None
+    elif stored is None and facts.default_block_size:
+        stored = (generation or {}).get("block_length") or facts.default_block_size
     elif stored is None:
         if requested is None:
             raise ValueError(f"{where} is a block diffusion model, but its config.json names no block_size; set "

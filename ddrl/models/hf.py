@@ -7,7 +7,7 @@ natively; DiffusionGemma and other models through transformers.
 Nothing is downloaded: directories are local (`local_files_only=True`). The family is read from
 config.json (ddrl.models.families, which holds the table of family facts) and decides the backbone:
 
-* **Native families** (llada, mmada, dream, sdar): `NATIVE_FAMILIES.get(family).from_pretrained(dir)`
+* **Native families** (llada, mmada, dream, sdar, llada2): `NATIVE_FAMILIES.get(family).from_pretrained(dir)`
   from ddrl.models.native builds ddrl's own implementation from config.json and the safetensors
   with the authors' weight names; a checkpoint whose weight names are not its family's fails there,
   before any compute. No code from the directory runs, whatever trust_remote_code says, and the
@@ -74,7 +74,7 @@ from ddrl.models.io import CONFIG_FILE, ModelDirectoryError, read_json
 __all__ = ["FAMILIES", "FamilyFacts", "HFDiffusionLM", "HFTokenizer", "RemoteCodeError", "detect_family",
            "load_hf_model", "checkpoint_blocks", "transformer_blocks"]
 
-NATIVE_FAMILY_NAMES = "LLaDA, LLaDA-1.5, MMaDA, Dream, DiffuCoder, SDAR and TraDo"
+NATIVE_FAMILY_NAMES = "LLaDA, LLaDA-1.5, MMaDA, Dream, DiffuCoder, SDAR, TraDo and LLaDA2.0/2.1"
 
 
 class RemoteCodeError(ModelDirectoryError):
@@ -213,7 +213,8 @@ def load_hf_model(path: str | Path, *, device: torch.device | str | None = None,
     vq_path = vq_path if vq_path is not None else saved.get("vq_path")
     if vq_path is not None and family != "mmada":
         raise ValueError(f"vq_path applies to URSA pipelines and MMaDA; {str(directory)!r} is a {family!r} model")
-    model_block_size = checkpoint_block_size(config, facts, block_size, where)
+    generation = read_json(directory / GENERATION_CONFIG_FILE) if (directory / GENERATION_CONFIG_FILE).is_file() else {}
+    model_block_size = checkpoint_block_size(config, facts, block_size, where, generation)
     if not facts.native:
         _check_remote_code_allowed(directory, config, trust_remote_code)
     hf_tokenizer = load_tokenizer(directory, native=facts.native, trust_remote_code=trust_remote_code)

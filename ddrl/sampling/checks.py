@@ -218,6 +218,9 @@ def model_samplers(model: Any) -> tuple[str, ...]:
     process = (getattr(model, "process_spec", None) or {}).get("name", "masked")
     if family == "diffusion_gemma":
         return ("diffusion_gemma", "uniform")
+    if family == "llada2":  # 2.0: threshold block decoding; 2.1 (token editing): its own (ddrl.sampling.llada2)
+        editing = getattr(getattr(getattr(model, "model", None), "config", None), "token_editing", False)
+        return ("llada2_edit", "block") if editing else ("block", "llada2_edit")
     if getattr(model, "block_size", None) or process == "block":
         return ("block",)
     if process == "uniform":
