@@ -41,11 +41,11 @@ SCHEDULE = "loglinear"
 
 
 class DNATokenizer:
-    """A, C, G, T = 0..3 and the mask token "N" = 4 (dataloader_gosai.DNA_ALPHABET); no pad, eos or bos."""
+    """A, C, G, T = 0..3 and the mask token "N" = 4 (dataloader_gosai.DNA_ALPHABET); no eos or bos."""
 
     mask_token_id = MASK_ID
     mask_token = "N"
-    pad_token_id = None
+    pad_token_id = MASK_ID  # only pads empty prompts (width 0): DNA rows are full length
     eos_token_id = None
     bos_token_id = None
     padding_side = "left"

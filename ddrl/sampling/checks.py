@@ -216,6 +216,8 @@ def model_samplers(model: Any) -> tuple[str, ...]:
     process = (getattr(model, "process_spec", None) or {}).get("name", "masked")
     if family == "diffusion_gemma":
         return ("diffusion_gemma", "uniform")
+    if family == "mdlm_dna":  # unconditional DNA (DRAKES / SEPO): MDLM's DDPM steps with soft final steps
+        return ("drakes",)
     if getattr(model, "block_size", None) or process == "block":
         return ("block",)
     if process == "uniform":

@@ -121,7 +121,12 @@ class DNAEnhancerTask(FileTask):
                  oracle: Any = None, oracle_kind: str = "torchscript", target: int = 0,
                  atac_oracle: Any = None, atac_kind: str = "torchscript", atac_column: int = 1,
                  top_quantile: float = 0.999, likelihood_model: Any = None, likelihood_steps: int = 128,
-                 seq_column: str = "seq", activity_column: str = "hepg2"):
+                 seq_column: str = "seq", activity_column: str = "hepg2", preset: str | None = None,
+                 format: str = "compact"):
+        if format != "compact":
+            raise ValueError(f"task dna_enhancer: format must be 'compact' (unconditional sequences), got {format!r}")
+        if preset is not None:
+            raise ValueError(f"task dna_enhancer has no preset (got {preset!r}): it is SEPO's own task")
         if oracle is None:
             raise ValueError("task dna_enhancer needs oracle= (a torch module or a local file; nothing is downloaded)")
         self._init_source(DataSource(self.name, path=path, train_path=train_path, test_path=test_path, split=split,
