@@ -56,6 +56,9 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
                        or MMaDA's MAGVIT-v2 directory, which makes the MMaDA generate images
                        (ddrl.models.mmada: t2i prompt layout, image-code completions, decode_images).
 
+    A Lightning `.ckpt` file of DRAKES / SEPO's MDLM DNA model (or a directory ddrl saved it to) is read
+    natively by ddrl.models.mdlm_dna: family "mdlm_dna", mask id 4 after A, C, G, T (needs omegaconf).
+
     An URSA pipeline folder (model_index.json, no top-level config.json) is read natively by
     ddrl.models.ursa: family "ursa", model.decode_images, the metric-path process.
 
@@ -63,7 +66,15 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
     shards are consolidated into a temporary model directory (ddrl.models.io.consolidate_checkpoint).
     Under `with torch.device("meta")` the built-in and native families read no weight data.
     """
-    from ddrl.models import ursa  # a diffusers pipeline folder (URSA): no top-level config.json
+    from ddrl.models import mdlm_dna, ursa  # URSA: a diffusers pipeline folder (no top-level config.json)
+
+    if mdlm_dna.is_lightning_checkpoint(path) or mdlm_dna.is_mdlm_dna_dir(path):  # DRAKES / SEPO's DNA model
+        if block_size is not None or vq_path is not None:
+            raise ValueError(f"{str(path)!r} is an MDLM DNA model: block_size and vq_path do not apply; unset them")
+        if mask_token_id not in (None, mdlm_dna.MASK_ID):
+            raise ValueError(f"model.mask_token_id={mask_token_id}: the MDLM DNA model's mask id is {mdlm_dna.MASK_ID}")
+        load = mdlm_dna.load_dir if Path(path).is_dir() else mdlm_dna.load_lightning_checkpoint
+        return load(path, device=device, dtype=resolve_dtype(dtype))
 
     if ursa.is_pipeline_dir(path):
         if block_size is not None:

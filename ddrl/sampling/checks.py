@@ -221,6 +221,8 @@ def model_samplers(model: Any) -> tuple[str, ...]:
     if family == "llada2":  # 2.0: threshold block decoding; 2.1 (token editing): its own (ddrl.sampling.llada2)
         editing = getattr(getattr(getattr(model, "model", None), "config", None), "token_editing", False)
         return ("llada2_edit", "block") if editing else ("block", "llada2_edit")
+    if family == "mdlm_dna":  # unconditional DNA (DRAKES / SEPO): MDLM's DDPM steps with soft final steps
+        return ("drakes",)
     if getattr(model, "block_size", None) or process == "block":
         return ("block",)
     if process == "uniform":

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAPER = ROOT / "configs/paper"
 RECIPES = sorted(PAPER.rglob("*.yaml"))
 MODELS = {"llada": ROOT / "tests/fixtures/llada/model", "dream": ROOT / "tests/fixtures/dream/model",
-          "ursa": ROOT / "tests/fixtures/ursa/model"}
+          "ursa": ROOT / "tests/fixtures/ursa/model", "dna": ROOT / "tests/fixtures/sepo_dna/tiny_mdlm_dna.ckpt"}
 FILE_TASKS = ("gsm8k", "math500", "countdown", "sudoku4x4", "mbpp", "text_to_image")  # read from train/test_path
 FULL_FT = ("stable_drl", "coupled_grpo", "tracerl", "udm_grpo", "unigrpo")  # released as full fine-tuning
 
@@ -46,6 +46,8 @@ def _family(cfg: RLConfig, path: Path) -> str:
         return "dream"
     if "ursa" in name:
         return "ursa"
+    if "mdlm_dna" in name:  # SEPO's own DNA model: the tiny Lightning checkpoint its fixture script made
+        return "dna"
     raise AssertionError(f"{path}: model.path {cfg.model.path!r} names no known family (LLaDA, Dream/DiffuCoder, "
                          f"URSA); add its tiny checkpoint to MODELS")
 
@@ -111,6 +113,27 @@ def write_task_files(task: str, d: Path, suffix: str = "") -> tuple[str, str]:
     raise AssertionError(f"no tiny files for task {task!r}")
 
 
+def write_dna_files(d: Path, n: int = 40, length: int = 8) -> dict[str, str]:
+    """gosai_all.csv's columns (seq, hepg2, k562, sknsh) and a TorchScript oracle [n, 4, L] -> [n, 3]."""
+    import random
+
+    import torch
+
+    rng = random.Random(0)
+    with (d / "gosai.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["seq", "hepg2", "k562", "sknsh"])
+        for _ in range(n):
+            s = "".join(rng.choice("ACGT") for _ in range(length))
+            w.writerow([s, s.count("G"), s.count("A"), s.count("T")])
+    weights = torch.tensor([[0.0, 0.5, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    oracle = torch.nn.Conv1d(4, 3, kernel_size=1, bias=False)
+    oracle.weight.data = weights[..., None]
+    torch.jit.trace(torch.nn.Sequential(oracle, torch.nn.AdaptiveAvgPool1d(1)), torch.zeros(1, 4, length)).save(
+        str(d / "oracle.pt"))
+    return {"path": str(d / "gosai.csv"), "oracle": str(d / "oracle.pt")}
+
+
 def _model_dir(family: str, tmp_path: Path) -> Path:
     """The tiny checkpoint of `family`. The Dream fixture's config allows 128 positions, fewer than a
     paper prompt's tokens; a copy with a longer max_position_embeddings (RoPE: any length) holds them."""
@@ -136,6 +159,8 @@ def _shrink(cfg: RLConfig, family: str, tmp_path: Path) -> list[str]:
         out += ["model.lora.rank=4", "model.lora.alpha=8"]
     if family == "ursa":  # the tiny pipeline's 4 x 4 latent grid (8 x 8 pixels); 2 of the recipe's 10 steps
         out += ["rollout.gen_length=16", "rollout.steps=2", "task.args.image_grid=[4,4]"]
+    elif family == "dna":
+        out += ["rollout.gen_length=8", "rollout.steps=8"]  # the tiny checkpoint's length
     else:
         out += ["rollout.gen_length=8", "rollout.steps=8"]
         if cfg.rollout.name in ("auto", "masked", "block"):
@@ -144,6 +169,9 @@ def _shrink(cfg: RLConfig, family: str, tmp_path: Path) -> list[str]:
         out.append("method.estimator_args.block_length=8")  # SPG's per-block masks: one block of 8
     if t.group_filter is not None:  # 8 tokens never reach a stop token: every answer would count as cut off
         out.append("train.truncated_reward=null")
+    if cfg.task.name == "dna_enhancer":  # a gosai-format CSV and a traced oracle in gReLU's layout
+        out += [f"task.args.{k}={v}" for k, v in write_dna_files(tmp_path).items()]
+        out += ["task.args.oracle_kind=torchscript", "task.args.atac_oracle=null"]
     if cfg.task.name in FILE_TASKS:
         for key in ("train_path", "test_path"):
             value = cfg.task.args.get(key)
