@@ -282,6 +282,9 @@ class ApproxBlockCache:
         self.model, self.prompt_ids, self.prompt_mask = model, prompt_ids, prompt_mask
         self.cfg_scale, self.mask_id, self.dual = cfg_scale, mask_id, dual
         self.context = 1 if getattr(model, "logits_shifted", False) else 0
+        # No prompt mask (the sampler drops an all-ones one): every key is real, so no call passes a
+        # mask and the model keeps its unmasked attention kernel; positions are then the default ones.
+        self.all_valid = prompt_mask is None
         self.cached_tokens = 0  # fed by this strategy; the fallback counts its own
         self.fallback: FullForward | None = None
         self.inputs: _RowInputs | None = None  # built at the first call (W = the completion's width)
@@ -308,11 +311,12 @@ class ApproxBlockCache:
             self.kv = _KVBuffer(self.inputs.valid.shape[1])
         inp, P, s, e = self.inputs, self.inputs.P, self.start, self.end
         ids, valid = inp.ids(completion), inp.valid  # [R, T]
+        given = lambda m: None if self.all_valid else m  # noqa: E731  the attention_mask passed
         T = ids.shape[1]
         a = P + s - self.context  # first fed position of the later steps; the prefix is [0, a)
         if self.past_len is None:  # the block's first step: the whole sequence, keep its cache
             out, block = _call_keep(self.model, ids, torch.arange(P + s, P + e, device=ids.device),
-                                    attention_mask=valid, use_cache=True)
+                                    attention_mask=given(valid), use_cache=True)
             self.cached_tokens += ids.numel()
             layers = cache_layers(getattr(out, "past_key_values", None))
             if layers is None:
@@ -330,10 +334,10 @@ class ApproxBlockCache:
         c = self.context
         if not self.dual:  # the block and the suffix attend to the cached prefix
             _, block = _call_keep(self.model, ids[:, a:], torch.arange(c, c + e - s, device=ids.device),
-                                  attention_mask=valid, past_key_values=past, use_cache=False)
+                                  attention_mask=given(valid), past_key_values=past, use_cache=False)
             self.cached_tokens += ids[:, a:].numel()
         else:  # only the block (after the context token): the last e - s fed positions
-            _, block = _call_keep(self.model, ids[:, a:P + e], e - s, attention_mask=self.order,
+            _, block = _call_keep(self.model, ids[:, a:P + e], e - s, attention_mask=given(self.order),
                                   position_ids=self.positions[:, a:P + e], past_key_values=past, use_cache=False)
             self.cached_tokens += ids[:, a:P + e].numel()
         return inp.guide(block)

@@ -80,11 +80,14 @@ nothing of theirs is committed. This is what CUDA graphs / torch.compile need an
 the whole cache when rows finish; the price is compute on rows whose results are thrown away
 (forward_tokens counts every row fed).
 
-**Host reads** (device syncs) left in the loop: per call, the noise seeds (one read) and the block
-layout of block models (block_canvas); per block, whether every row has stopped (early exit);
-per step, only under threshold, factor or sdar_dynamic decoding, whether the block still has a mask
-(commit.py: the next call depends on it). Fixed counts and emerge read nothing per step. The model
-and ddrl.logits may add their own (logits_to_keep's range check).
+**Host reads** (device syncs) left in the loop: per call, whether the prompt mask is all ones (one
+read; then the model is given no mask), the noise seeds (one read, from the caller's generators:
+no device sync for CPU generators) and the block layout of block models (block_canvas); per
+block, whether every row has stopped (early exit); per step, only under threshold, factor or
+sdar_dynamic decoding, whether the block still has a mask (commit.py: the next call depends on
+it). Fixed counts and emerge read nothing per step, and neither do the native LLaDA and Dream
+model calls nor ddrl.logits: their input checks are queued on the device (ddrl.ops.value_checks;
+tests/unit/test_host_syncs.py counts the reads).
 
 **Trajectory** (return_trajectory=True): commit_step [B, L], token_probs [B, S, L], step_times
 (emerge); the contract and its memory cost are in ddrl.sampling.trajectory.
@@ -314,6 +317,8 @@ def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *, sam
                          getattr(cfg, "top_k", None) or 0, getattr(cfg, "top_p", None) or 1.0,
                          NOISE_DTYPES[getattr(cfg, "noise_dtype", None) or "float32"])
     mask = None if prompt_mask is None else prompt_mask.bool()
+    if mask is not None and bool(mask.all()):  # one read per call: then no step passes an all-ones mask,
+        mask = None  # and the model runs its unmasked attention (SDPA's fastest kernel), as the reference
     return _denoise(model, prompt_ids, mask, rule, settings, gen_length=cfg.gen_length, block_length=block_length,
                     eos_id=model_stop_ids(model) if early_exit else None, record=record, cache=cfg.cache)
 
