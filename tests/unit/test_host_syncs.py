@@ -152,3 +152,14 @@ def test_target_logprobs_reads_nothing_forward_and_backward():
         lp.sum().backward()
     assert log.ops == []
     assert hidden.grad is not None and head.weight.grad is not None
+
+
+def test_out_of_range_ids_are_still_refused(native, monkeypatch):
+    """The input check stays, queued on the device (ddrl.ops.value_checks); DDRL_SYNC_CHECKS=1 reads it at
+    once and names the values."""
+    bad = torch.tensor([[3, 4, native.vocab_size + 5]])
+    with pytest.raises(RuntimeError, match="input_ids hold ids outside"):
+        native(bad)
+    monkeypatch.setenv("DDRL_SYNC_CHECKS", "1")
+    with pytest.raises(ValueError, match=rf"outside .*max {native.vocab_size + 5}"):
+        native(bad)
