@@ -120,6 +120,7 @@ def names_parameter(module: Any, name: str) -> bool:
     """Whether module.forward (or the callable itself) takes `name`. Asked on every sampler step, so
     the answer is cached per forward function (inspect.signature costs about as much as a tiny
     model's layer)."""
+    module = getattr(module, "_orig_mod", module)  # under torch.compile: the compiled module's own forward
     forward = getattr(module, "forward", module)
     return _takes(getattr(forward, "__func__", forward), name)
 

@@ -33,20 +33,22 @@ SEMI_AR = ("masked", "block", "emerge")  # the block-by-block samplers of ddrl.s
 # Settings a sampler does not read, refused when set (so a config never silently ignores one).
 NOT_APPLICABLE: dict[str, tuple[str, ...]] = {
     "emerge": ("threshold", "factor"),
-    "dream": ("block_length", "threshold", "factor", "cfg_scale", "cache"),
-    "diffusion_gemma": ("threshold", "factor", "cfg_scale", "cache"),
+    "dream": ("block_length", "threshold", "factor", "cfg_scale", "cache", "compile"),
+    "diffusion_gemma": ("threshold", "factor", "cfg_scale", "cache", "compile"),
+    "uniform": ("compile",),
 }
 WHY_NOT = {
     "emerge": "the emerge sampler unmasks at random by its schedule",
     "dream": "it decodes the whole completion each step, without cache or guidance",
     "diffusion_gemma": "it denoises one canvas by its own schedule, without cache or guidance",
+    "uniform": "only the masked, block and emerge samplers compile their decode step",
 }
 
 
 # What a field a duck-typed config lacks means (SamplerConfig's defaults, where they are "off").
 DEFAULTS: dict[str, Any] = {"block_length": None, "temperature": 0.0, "cfg_scale": 0.0, "remasking": "low_confidence",
                             "threshold": None, "factor": None, "cache": "auto", "alg": "entropy", "alg_temp": None,
-                            "top_p": None, "top_k": None, "noise_dtype": "float32"}
+                            "top_p": None, "top_k": None, "noise_dtype": "float32", "compile": False}
 
 
 def _get(cfg: Any, field: str) -> Any:
@@ -56,7 +58,7 @@ def _get(cfg: Any, field: str) -> Any:
 def _is_set(cfg: Any, field: str) -> bool:
     """Whether an optional setting is on (cache: anything but the reference's none/auto)."""
     value = _get(cfg, field)
-    if field == "cfg_scale":
+    if field in ("cfg_scale", "compile"):
         return bool(value)
     if field == "cache":
         return value not in (None, "none", "auto")
@@ -99,6 +101,11 @@ def check_sampler(cfg: Any, key: str = "rollout", *, name: str | None = None, bl
         raise ValueError(f"{p}temperature must be >= 0 (0 = greedy), got {_get(cfg, 'temperature')}")
     if _get(cfg, "cfg_scale") < 0:
         raise ValueError(f"{p}cfg_scale must be >= 0 (0 = no guidance), got {_get(cfg, 'cfg_scale')}")
+    if not isinstance(_get(cfg, "compile"), bool):
+        raise ValueError(f"{p}compile must be true or false, got {_get(cfg, 'compile')!r}")
+    if _get(cfg, "compile") and _get(cfg, "cache") == "prefix":  # ddrl.sampling.cache "Compiled steps"
+        raise ValueError(f"{p}compile needs call shapes that do not change block by block, but {p}cache='prefix' "
+                         f"feeds a shorter suffix every block (a recompile per block); use {p}cache=dual or auto")
     _check_choices(cfg, p)
     _check_parallel_decoding(cfg, p, name)
     top_p, top_k, alg_temp = _get(cfg, "top_p"), _get(cfg, "top_k"), _get(cfg, "alg_temp")

@@ -146,7 +146,7 @@ class _Settings:
 @torch.no_grad()
 def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule: CommitRule, settings: _Settings, *,
              gen_length: int, block_length: int, eos_id: int | Iterable[int] | None, record: bool,
-             cache: str = "none") -> _Decoded:
+             cache: str = "none", compile: bool = False) -> _Decoded:
     """Blocks left to right; inside a block, steps until `rule` says the block is done.
 
     eos_id: the stop token(s) of early exit, EOS first (the id finished rows are filled with); None = none.
@@ -158,7 +158,8 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule: Commit
     width = gen_length if slots is None else slots.shape[1]  # completion slots W
     own = None if offsets is None else completion_slots(offsets, gen_length, width)  # [B, W] the row's L tokens
     forward = block_forward(model, prompt_ids, prompt_mask, cache=cache, block_length=block_length,
-                            gen_length=width, cfg_scale=settings.cfg_scale, mask_id=settings.mask_id, slots=slots)
+                            gen_length=width, cfg_scale=settings.cfg_scale, mask_id=settings.mask_id, slots=slots,
+                            compile=compile)
     completion = torch.full((B, width), settings.mask_id, dtype=torch.long, device=device)  # [B, W]
     commit_step = torch.full((B, width), -1, dtype=torch.long, device=device)  # [B, W]
     empty = torch.zeros_like(completion, dtype=torch.bool) if slots is None else ~slots  # never committed
@@ -320,7 +321,8 @@ def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *, sam
     if mask is not None and bool(mask.all()):  # one read per call: then no step passes an all-ones mask,
         mask = None  # and the model runs its unmasked attention (SDPA's fastest kernel), as the reference
     return _denoise(model, prompt_ids, mask, rule, settings, gen_length=cfg.gen_length, block_length=block_length,
-                    eos_id=model_stop_ids(model) if early_exit else None, record=record, cache=cfg.cache)
+                    eos_id=model_stop_ids(model) if early_exit else None, record=record, cache=cfg.cache,
+                    compile=bool(getattr(cfg, "compile", False)))
 
 
 # --------------------------------------------------------------------------------------------
