@@ -33,15 +33,13 @@ SEMI_AR = ("masked", "block", "emerge")  # the block-by-block samplers of ddrl.s
 # Settings a sampler does not read, refused when set (so a config never silently ignores one).
 NOT_APPLICABLE: dict[str, tuple[str, ...]] = {
     "emerge": ("threshold", "factor"),
-    "dream": ("block_length", "threshold", "factor", "cfg_scale", "cache", "compile"),
-    "diffusion_gemma": ("threshold", "factor", "cfg_scale", "cache", "compile"),
-    "uniform": ("compile",),
+    "dream": ("block_length", "threshold", "factor", "cfg_scale", "cache"),
+    "diffusion_gemma": ("threshold", "factor", "cfg_scale", "cache"),
 }
 WHY_NOT = {
     "emerge": "the emerge sampler unmasks at random by its schedule",
     "dream": "it decodes the whole completion each step, without cache or guidance",
     "diffusion_gemma": "it denoises one canvas by its own schedule, without cache or guidance",
-    "uniform": "only the masked, block and emerge samplers compile their decode step",
 }
 
 
@@ -118,6 +116,9 @@ def check_sampler(cfg: Any, key: str = "rollout", *, name: str | None = None, bl
     for field in NOT_APPLICABLE.get(name, ()):
         if _is_set(cfg, field):
             raise ValueError(f"{p}{field} does not apply to the {name} sampler ({WHY_NOT[name]}); unset it")
+    if _is_set(cfg, "compile") and name not in (*SEMI_AR, AUTO):  # the samplers that run ddrl.sampling.cache
+        raise ValueError(f"{p}compile does not apply to the {name} sampler (only the masked, block and emerge "
+                         f"samplers compile their decode step); unset it")
     if name == "dream" and _get(cfg, "alg") == "origin" and alg_temp:
         raise ValueError(f"{p}alg_temp applies to the confidence orderings; alg='origin' commits at random by the "
                          f"schedule, so unset {p}alg_temp")
