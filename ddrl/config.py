@@ -94,6 +94,9 @@ class SamplerConfig:
     remasking: str = "low_confidence"  # low_confidence | random | sdar_dynamic (SDAR: those above threshold if >= k, else the top k)
     threshold: float | None = None  # confidence-threshold parallel decoding (commit all above it)
     cache: str = "auto"  # KV cache: none (reference) | prefix | dual (Fast-dLLM, approximate) | auto (exact cache on block-causal models, none elsewhere)
+    # masked/block/emerge: run the decode step's model call under torch.compile (CUDA graphs on CUDA,
+    # mode reduce-overhead); the same tokens as eager, compiled once per shape (ddrl.sampling.cache)
+    compile: bool = False
     factor: float | None = None  # Fast-dLLM factor rule: commit the largest n with (n+1)(1-c_(n)) < factor
     early_exit: bool = True  # stop spending compute on sequences that already produced EOS
     # keep the last N tokens of a longer prompt, as TRL and d1 do (d1: 200); the sampler, the likelihood

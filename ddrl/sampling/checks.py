@@ -48,7 +48,7 @@ WHY_NOT = {
 # What a field a duck-typed config lacks means (SamplerConfig's defaults, where they are "off").
 DEFAULTS: dict[str, Any] = {"block_length": None, "temperature": 0.0, "cfg_scale": 0.0, "remasking": "low_confidence",
                             "threshold": None, "factor": None, "cache": "auto", "alg": "entropy", "alg_temp": None,
-                            "top_p": None, "top_k": None, "noise_dtype": "float32"}
+                            "top_p": None, "top_k": None, "noise_dtype": "float32", "compile": False}
 
 
 def _get(cfg: Any, field: str) -> Any:
@@ -58,7 +58,7 @@ def _get(cfg: Any, field: str) -> Any:
 def _is_set(cfg: Any, field: str) -> bool:
     """Whether an optional setting is on (cache: anything but the reference's none/auto)."""
     value = _get(cfg, field)
-    if field == "cfg_scale":
+    if field in ("cfg_scale", "compile"):
         return bool(value)
     if field == "cache":
         return value not in (None, "none", "auto")
@@ -101,6 +101,11 @@ def check_sampler(cfg: Any, key: str = "rollout", *, name: str | None = None, bl
         raise ValueError(f"{p}temperature must be >= 0 (0 = greedy), got {_get(cfg, 'temperature')}")
     if _get(cfg, "cfg_scale") < 0:
         raise ValueError(f"{p}cfg_scale must be >= 0 (0 = no guidance), got {_get(cfg, 'cfg_scale')}")
+    if not isinstance(_get(cfg, "compile"), bool):
+        raise ValueError(f"{p}compile must be true or false, got {_get(cfg, 'compile')!r}")
+    if _get(cfg, "compile") and _get(cfg, "cache") == "prefix":  # ddrl.sampling.cache "Compiled steps"
+        raise ValueError(f"{p}compile needs call shapes that do not change block by block, but {p}cache='prefix' "
+                         f"feeds a shorter suffix every block (a recompile per block); use {p}cache=dual or auto")
     _check_choices(cfg, p)
     _check_parallel_decoding(cfg, p, name)
     top_p, top_k, alg_temp = _get(cfg, "top_p"), _get(cfg, "top_k"), _get(cfg, "alg_temp")
@@ -113,6 +118,9 @@ def check_sampler(cfg: Any, key: str = "rollout", *, name: str | None = None, bl
     for field in NOT_APPLICABLE.get(name, ()):
         if _is_set(cfg, field):
             raise ValueError(f"{p}{field} does not apply to the {name} sampler ({WHY_NOT[name]}); unset it")
+    if _is_set(cfg, "compile") and name not in (*SEMI_AR, AUTO):  # the samplers that run ddrl.sampling.cache
+        raise ValueError(f"{p}compile does not apply to the {name} sampler (only the masked, block and emerge "
+                         f"samplers compile their decode step); unset it")
     if name == "dream" and _get(cfg, "alg") == "origin" and alg_temp:
         raise ValueError(f"{p}alg_temp applies to the confidence orderings; alg='origin' commits at random by the "
                          f"schedule, so unset {p}alg_temp")
