@@ -536,6 +536,11 @@ def validate(cfg: Any) -> None:
         if t.group_filter is not None and (len(t.group_filter) != 2 or t.group_filter[0] > t.group_filter[1]):
             raise ConfigError(f"train.group_filter={t.group_filter} must be [lo, hi] with lo <= hi "
                               f"(e.g. [0.2, 0.8]), or null")
+        if t.minibatches > t.prompts_per_step:
+            raise ConfigError(f"train.minibatches={t.minibatches} is more than train.prompts_per_step="
+                              f"{t.prompts_per_step}: an optimizer step takes at least one whole prompt group "
+                              f"(on any number of processes); set train.minibatches <= {t.prompts_per_step} "
+                              f"(={t.prompts_per_step}: one group per optimizer step)")
         if t.prompts_per_step % t.minibatches:
             raise ConfigError(f"train.minibatches={t.minibatches} must divide train.prompts_per_step="
                               f"{t.prompts_per_step}: each optimizer step takes whole prompt groups")

@@ -17,7 +17,9 @@ Every random draw derives from (seed, step, ...) so a resumed run replays the dr
 uninterrupted one. Mask seeds live on the batch: old, ref and current passes of inner iteration k
 share seed k unless the method asks for fresh masks (StableDRL).
 
-Several processes: every rank drops the groups it does not learn from (train.group_filter,
+Several processes: minibatch shares are cut from the step's global groups (a share's groups may sit
+on several ranks), so the optimizer steps do not depend on the number of processes. Every rank
+drops the groups it does not learn from (train.group_filter,
 train.skip_uninformative), then pads each optimizer step with zero-weight micro-batches to the
 largest count of any rank, so that all ranks run the same passes and collectives; the loss
 normalisers are the step's global counts, so the gradient is the 1-process one.
@@ -576,16 +578,24 @@ class Trainer:
         return int(batch.mask_seeds[self.method.mask_seed_iteration(k)])
 
     def minibatch_shares(self, batch: RolloutBatch) -> list[RolloutBatch]:
-        """train.minibatches consecutive shares of this rank's whole groups, one optimizer step each
-        (with several processes an optimizer step takes share m of every rank). A share may be empty
-        (a filter left fewer groups than shares): plan_update drops shares empty on every rank."""
-        n = self.cfg.train.minibatches
-        if n == 1:
+        """train.minibatches shares of the step's GLOBAL groups, one optimizer step each: the groups
+        kept on all ranks, in data order, cut into consecutive shares, and this rank's part of share m
+        is its own groups among them (often none: plan_update pads it, and drops a share empty on
+        every rank). So 1 process and N processes make the same optimizer steps on the same groups;
+        cutting each rank's groups instead left most shares empty (4 groups per rank, 32 shares)."""
+        t = self.cfg.train
+        if t.minibatches == 1:
             return [batch]
-        G = self.cfg.train.group_size
-        groups = len(batch) // G  # whole groups, in order (a filter may have left gaps in their ids)
-        bounds = [round(i * groups / n) for i in range(n + 1)]
-        return [batch.index(slice(lo * G, hi * G)) for lo, hi in zip(bounds, bounds[1:])]
+        offset = self.dist.rank * (t.prompts_per_step // self.dist.world_size)  # a rank's first global group
+        kept = torch.zeros(t.prompts_per_step, device=self.device)  # [N] global groups
+        kept[batch.group_ids + offset] = 1.0
+        kept_ids = all_reduce_sum(kept, self.dist).nonzero().squeeze(1).tolist()  # kept on any rank, in order
+        bounds = [round(i * len(kept_ids) / t.minibatches) for i in range(t.minibatches + 1)]
+        share_of = torch.full((t.prompts_per_step,), -1, device=self.device)  # [N] each global group's share
+        for m, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            share_of[kept_ids[lo:hi]] = m
+        row_share = share_of[batch.group_ids + offset]  # [B]
+        return [batch.index((row_share == m).nonzero().squeeze(1)) for m in range(t.minibatches)]
 
     def _passes(self, micro: list[list[RolloutBatch]]) -> Iterator[tuple[int, int, int, RolloutBatch]]:
         """(k, m, j, micro-batch) of every inner iteration k, share m and micro-batch j."""
