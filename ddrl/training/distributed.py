@@ -190,27 +190,21 @@ def device_memory(device: torch.device) -> int | None:
 
 @contextlib.contextmanager
 def gradient_sync(wrapped: torch.nn.Module, enabled: bool) -> Iterator[None]:
-    """Inside, backward passes reduce gradients over ranks only when `enabled`: gradient accumulation
-    all-reduces once, on the last micro-batch of an optimizer step, instead of after every one (DDP
-    no_sync; FSDP2 set_requires_gradient_sync). The forward must run inside too: DDP arms (or not)
-    its gradient reducer in forward. Every rank must run the same number of backward passes with
-    the same pattern (the trainer pads every rank to the same micro-batches)."""
-    if enabled:
+    """Inside, backward passes reduce gradients over ranks only when `enabled`, under DDP: gradient
+    accumulation all-reduces once, on the last micro-batch of an optimizer step (DDP no_sync). The
+    forward must run inside too: DDP arms (or not) its gradient reducer in forward.
+
+    FSDP2 reduce-scatters every micro-batch, `enabled` or not: its no-sync mode
+    (set_requires_gradient_sync(False)) keeps every gradient unsharded, upcast to the reduce dtype,
+    until the last micro-batch (8B x 4 B = 32 GB per rank at LLaDA-8B), where a reduce-scatter per
+    micro-batch keeps 1/N of it. The cost is one reduce-scatter per micro-batch, overlapped with the
+    backward. Every rank must run the same number of backward passes (the trainer pads them)."""
+    no_sync = getattr(wrapped, "no_sync", None)  # DDP
+    if enabled or no_sync is None:  # FSDP2 and one process: nothing to switch off
         yield
         return
-    no_sync = getattr(wrapped, "no_sync", None)  # DDP
-    if no_sync is not None:
-        with no_sync():
-            yield
-        return
-    if is_sharded(wrapped):
-        wrapped.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            wrapped.set_requires_gradient_sync(True)
-        return
-    yield  # one process: nothing to synchronise
+    with no_sync():
+        yield
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
