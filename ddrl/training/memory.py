@@ -220,8 +220,9 @@ def estimator_copies(method: Any) -> int:
 
 
 def estimate_memory(cfg: Any, shape: ModelShape, world_size: int, *, counts: Counts | None = None,
-                    device: str = "cuda") -> MemoryEstimate:
-    """Per-rank device memory of `ddrl train` with this config at this world size (module doc)."""
+                    device: str = "cuda", prompt_tokens: int | None = None) -> MemoryEstimate:
+    """Per-rank device memory of `ddrl train` with this config at this world size (module doc);
+    prompt_tokens: the widest prompt, when known (else rollout.max_prompt_length, else 256)."""
     from ddrl.training.distributed import DistInfo, resolve_strategy
     from ddrl.training.method import build_method
 
@@ -242,8 +243,9 @@ def estimate_memory(cfg: Any, shape: ModelShape, world_size: int, *, counts: Cou
     host = dict(state) if offload else {}
     if strategy == "ddp":
         held["DDP gradient buckets"] = Pt * 4
-    phases = {"rollout": _rollout_terms(cfg, shape, method, world_size, strategy, counts, c, bf16),
-              "update": _update_terms(cfg, shape, method, world_size, strategy, counts, c, bf16)}
+    T = (prompt_tokens or cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS) + cfg.rollout.gen_length
+    phases = {"rollout": _rollout_terms(cfg, shape, method, world_size, strategy, counts, c, bf16, T),
+              "update": _update_terms(cfg, shape, method, world_size, strategy, counts, c, bf16, T)}
     if device == "cuda" and not offload:  # offloaded, AdamW steps on the CPU
         phases["optimizer"] = {"foreach AdamW temporaries": Pt * 4 / shards}
     t = cfg.train
@@ -252,10 +254,6 @@ def estimate_memory(cfg: Any, shape: ModelShape, world_size: int, *, counts: Cou
                f"gradient_checkpointing={cfg.model.gradient_checkpointing}, {t.prompts_per_step // world_size * t.group_size}"
                f" rollout rows per rank")
     return MemoryEstimate(held, phases, host, setting)
-
-
-def _tokens(cfg: Any) -> int:
-    return (cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS) + cfg.rollout.gen_length
 
 
 def _compute_weights(strategy: str, shape: ModelShape, counts: Counts, c: int, bf16: bool, *, whole: bool) -> dict:
@@ -270,10 +268,10 @@ def _compute_weights(strategy: str, shape: ModelShape, counts: Counts, c: int, b
 
 
 def _rollout_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy: str, counts: Counts,
-                   c: int, bf16: bool) -> dict[str, float]:
+                   c: int, bf16: bool, T: int) -> dict[str, float]:
     r = cfg.rollout
     R = cfg.train.prompts_per_step // world * cfg.train.group_size
-    T, W, d = _tokens(cfg), min(r.block_length or r.gen_length, r.gen_length), shape.d_model
+    W, d = min(r.block_length or r.gen_length, r.gen_length), shape.d_model
     terms = _compute_weights(strategy, shape, counts, c, bf16, whole=True)
     terms["no-grad forward (one layer)"] = R * T * (4 * d + 3 * shape.ffn) * c
     terms["block logits + fp32 temporaries"] = R * W * shape.vocab * (c + 12)
@@ -284,11 +282,11 @@ def _rollout_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strateg
 
 
 def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy: str, counts: Counts,
-                  c: int, bf16: bool) -> dict[str, float]:
+                  c: int, bf16: bool, T: int) -> dict[str, float]:
     t = cfg.train
     per_rank = t.prompts_per_step // world * t.group_size
     rows = t.micro_batch_rows if t.micro_batch_rows and method.has_rows else (t.micro_batch_size or per_rank)
-    tokens = min(rows, per_rank if not method.has_rows else rows) * estimator_copies(method) * _tokens(cfg)
+    tokens = min(rows, per_rank if not method.has_rows else rows) * estimator_copies(method) * T
     d, kv, f, L = shape.d_model, shape.kv_dim, shape.ffn, shape.n_layers
     block = tokens * (6 * d + 2 * kv + 4 * f) * c
     terms = _compute_weights(strategy, shape, counts, c, bf16, whole=False)
@@ -297,7 +295,8 @@ def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy
     else:
         terms["activations"] = L * block
     # log p(target) from the final hidden states, the LM head chunk by chunk (ddrl.ops.logprobs)
-    terms["final hidden + one logits chunk"] = tokens * d * c + LOGPROB_CHUNK_ELEMENTS * (c + 12)
+    chunk = min(LOGPROB_CHUNK_ELEMENTS, tokens * shape.vocab)
+    terms["final hidden + one logits chunk"] = tokens * d * c + chunk * (c + 12)
     return terms
 
 
@@ -335,10 +334,15 @@ def dry_run(config: str, overrides: list[str], world_size: int, device_gb: float
     from ddrl.config import RLConfig, load_config
 
     cfg = load_config(config, overrides, RLConfig)
-    if cfg.train.prompts_per_step % world_size:
-        raise ValueError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be divisible by the number of "
-                         f"processes ({world_size})")
+    head = f"{config}: model {cfg.model.path}"
+    n = cfg.train.prompts_per_step
+    if n % world_size:  # the trainer refuses it; estimated with the largest rank's share
+        fits = [w for w in range(1, n + 1) if n % w == 0]
+        head += (f"\nNOTE: `ddrl train` refuses this at {world_size} ranks: train.prompts_per_step={n} is not "
+                 f"divisible by {world_size} (world sizes that divide it: {fits}); estimated with "
+                 f"{math.ceil(n / world_size)} groups per rank")
+        cfg.train.prompts_per_step = math.ceil(n / world_size) * world_size
     est = estimate_memory(cfg, model_shape(cfg.model.path or ""), world_size)
-    return f"{config}: model {cfg.model.path}\n" + est.report(device_gb * GB)
+    return head + "\n" + est.report(device_gb * GB)
 
 
