@@ -69,6 +69,9 @@ class ModelConfig:
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
     trust_remote_code: bool = False  # run a non-native directory's own code (auto_map); LLaDA/Dream/SDAR never do
     mask_token_id: int | None = None  # override the family's mask id (HF models)
+    # the image decoder's directory: MMaDA + MAGVIT-v2 (the model then generates images), or another
+    # AutoencoderVQ for an URSA pipeline (default: its vae/); load_model(path, vq_path=...)
+    vq_path: str | None = None
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     @property
@@ -80,7 +83,7 @@ class ModelConfig:
 @dataclass
 class SamplerConfig:
     # sampler: auto (the model's own: block for SDAR/TraDo, diffusion_gemma for DiffusionGemma, uniform
-    # for uniform models, masked for LLaDA/MMaDA/Dream) | masked (LLaDA semi-AR) | emerge | uniform |
+    # for uniform models, metric_path for URSA, masked for LLaDA/MMaDA/Dream) | masked (LLaDA semi-AR) | emerge | uniform |
     # block | dream | diffusion_gemma; one the model cannot run is refused (sampling.checks.resolve_sampler)
     name: str = "auto"
     steps: int = 16  # model calls in total (masked: divided evenly over blocks)
@@ -91,6 +94,9 @@ class SamplerConfig:
     remasking: str = "low_confidence"  # low_confidence | random | sdar_dynamic (SDAR: those above threshold if >= k, else the top k)
     threshold: float | None = None  # confidence-threshold parallel decoding (commit all above it)
     cache: str = "auto"  # KV cache: none (reference) | prefix | dual (Fast-dLLM, approximate) | auto (exact cache on block-causal models, none elsewhere)
+    # masked/block/emerge: run the decode step's model call under torch.compile (CUDA graphs on CUDA,
+    # mode reduce-overhead); the same tokens as eager, compiled once per shape (ddrl.sampling.cache)
+    compile: bool = False
     factor: float | None = None  # Fast-dLLM factor rule: commit the largest n with (n+1)(1-c_(n)) < factor
     early_exit: bool = True  # stop spending compute on sequences that already produced EOS
     # keep the last N tokens of a longer prompt, as TRL and d1 do (d1: 200); the sampler, the likelihood

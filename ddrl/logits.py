@@ -33,6 +33,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ddrl.ops.logprobs import TargetRequest
+from ddrl.ops.value_checks import check_values
 
 LogitsToKeep = int | Tensor | None  # None/0: every position; int K: the last K; long [K]: those; long [B, K]: per row
 
@@ -53,9 +54,10 @@ def kept_index(logits_to_keep: int | Tensor, T: int, device: torch.device | None
                              f"each row's positions (B = {rows if rows is not None else 'the batch'}), got a "
                              f"{logits_to_keep.dtype} tensor of shape {tuple(logits_to_keep.shape)}")
         index = logits_to_keep.long()
-        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= T):
-            raise ValueError(f"logits_to_keep holds positions outside [0, {T}) (min {int(index.min())}, max "
-                             f"{int(index.max())}); pass indices into the input sequence")
+        if index.numel():  # queued on the device, not read on the host (ddrl.ops.value_checks)
+            check_values(((index >= 0) & (index < T)).all(),
+                         f"logits_to_keep holds positions outside [0, {T}); pass indices into the input sequence",
+                         lambda: f"min {int(index.min())}, max {int(index.max())}")
         return index.to(device) if device is not None else index
     K = int(logits_to_keep)
     if not 0 < K <= T:
@@ -118,6 +120,7 @@ def names_parameter(module: Any, name: str) -> bool:
     """Whether module.forward (or the callable itself) takes `name`. Asked on every sampler step, so
     the answer is cached per forward function (inspect.signature costs about as much as a tiny
     model's layer)."""
+    module = getattr(module, "_orig_mod", module)  # under torch.compile: the compiled module's own forward
     forward = getattr(module, "forward", module)
     return _takes(getattr(forward, "__func__", forward), name)
 

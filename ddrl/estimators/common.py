@@ -49,6 +49,8 @@ def forward_logprobs(model, prompt_in: Tensor, prompt_mask: Tensor, completion_i
     completion_in [N, L] (noised completion), targets [N, L] (clean tokens to score).
     On a block model (model.block_size) a completion that ends inside a block is followed by the mask
     tokens that complete it (ddrl.processes.block "Whole blocks"): the view the block sampler decodes in.
+    A model's completion suffix (`model.completion_suffix`: MMaDA's <|eoi|> after an image) follows the
+    completion, attended and not scored, as the sampler feeds it (ddrl.sampling.utils.completion_logits).
     class_range=(a, b) restricts the softmax to vocabulary ids [a, b) (uniform diffusion classes);
     targets are then ids in [a, b). scored [N, L] bool: only these positions are computed (the
     others are 0 and cost no LM-head work); None = all.
@@ -66,6 +68,14 @@ def forward_logprobs(model, prompt_in: Tensor, prompt_mask: Tensor, completion_i
         if tail.shape[1]:
             ids, attention = with_block_tail(ids, attention, tail, model.mask_token_id)  # [N, T + E]
             keep = torch.arange(P, P + L, device=ids.device)
+    suffix = tuple(getattr(model, "completion_suffix", None) or ())  # fixed ids after the completion (MMaDA's <|eoi|>)
+    if suffix:
+        if block_size:
+            raise ValueError("a completion suffix on a block model is not supported")
+        tail = torch.tensor(suffix, dtype=ids.dtype, device=ids.device).expand(N, len(suffix))  # [N, S]
+        ids = torch.cat([ids, tail], dim=1)  # [N, T + S]
+        attention = torch.cat([attention, torch.ones_like(tail, dtype=torch.bool)], dim=1)
+        keep = torch.arange(P, P + L, device=ids.device)
     step = N if not rows_per_call else max(1, int(rows_per_call))
     out = []
     for start in range(0, N, step):

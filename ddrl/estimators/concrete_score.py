@@ -63,6 +63,7 @@ from torch import Tensor
 
 from ddrl.estimators.common import generator_from_seed, uniform
 from ddrl.logits import kept_logits
+from ddrl.processes.draws import sample_categorical
 from ddrl.registry import ESTIMATORS
 from ddrl.types import EstimatorOutput, RolloutBatch
 
@@ -133,6 +134,63 @@ def neighbour_weights(log_probs: Tensor, snis_samples: int, generator: torch.Gen
     return (counts / snis_samples).reshape(probs.shape).to(probs.device)
 
 
+SNIS_CHUNK = 1024  # neighbour rows per forward pass (compute_pi_z_given_y's chunk_size)
+
+
+def raw_logits(model: Any, ids: Tensor) -> Tensor:
+    """Logits over every class, the mask's too (no subs suppression): the backbone's own. [B, L, V] float32."""
+    backbone = getattr(model, "model", model)
+    return backbone(ids).logits.float()
+
+
+def hamming_neighbours(x: Tensor, vocab: int) -> Tensor:
+    """[B, L] -> [B, L, V, L]: x with position l set to v (x itself included), their
+    generate_all_hamming_distance_0_and_1."""
+    b, length = x.shape
+    y = x[:, None, None, :].expand(b, length, vocab, length).clone()
+    pos = torch.arange(length, device=x.device)
+    y[:, pos, :, pos] = torch.arange(vocab, device=x.device)  # [L, B, V] view of the diagonal
+    return y
+
+
+@torch.no_grad()
+def released_neighbour_weights(model: Any, x: Tensor, move_chance_t: float, snis_samples: int, *,
+                               generator: torch.Generator | None = None, draws: Tensor | None = None) -> Tensor:
+    """π̂(y) for every Hamming-1 neighbour y of the clean x, as the released `_compute_pi_y` computes it:
+    [B, L] -> [B, L, V] (detached). ozekri/SEPO @ 4a4a40f diffusion_gosai_update_new.py:848-905.
+
+        π(z | y)  = m_t · softmax(raw logits at y) over all classes, the mask class set to 0 (m_s = 0)
+        z^(m)     ~ π(· | y) per position, m = 1..M                 (their torch.multinomial; or `draws`)
+        w_m       = 1e8 / (π(z^(m)_m | y) + 1e-8)
+        π̂(y)      = Σ_m π(z^(m)_m | y) w_m / (Σ_m w_m + 1e-8)
+
+    As released: their "π(z_i) = 1 / score" divides by log-probs clamped at 1e-8, i.e. the constant 1e8 (so
+    that forward pass is skipped here), and the diagonal over (sample m, position j) keeps position j = m of
+    draw m only. draws: their recorded draws [B, L, V, M, L] (golden test), else drawn from `generator`.
+    """
+    b, length = x.shape
+    vocab, mask_id = int(model.vocab_size), int(model.mask_token_id)
+    m = min(snis_samples, length)
+    y = hamming_neighbours(x, vocab).reshape(-1, length)  # [B*L*V, L]
+    pi = torch.cat([torch.softmax(raw_logits(model, y[i:i + SNIS_CHUNK]), -1)[:, :m]  # only positions j < M are read
+                    for i in range(0, y.shape[0], SNIS_CHUNK)]) * move_chance_t  # [B*L*V, M, V]
+    pi[..., mask_id] = 0.0
+    pi = pi.reshape(b, length, vocab, m, vocab)  # [B, L, V, j, V]
+    if draws is not None:
+        z = draws[..., :m, :m].diagonal(dim1=3, dim2=4)  # [B, L, V, M]: draw m at position m
+    else:
+        z = sample_categorical(pi, generator=generator)  # [B, L, V, j]: one draw per (m = j) is all that is read
+    pi_z = pi.gather(-1, z[..., None].to(pi.device)).squeeze(-1)  # [B, L, V, M]
+    w = 1e8 / (pi_z + 1e-8)
+    return (pi_z * w).sum(-1) / (w.sum(-1) + 1e-8)
+
+
+def released_log_scores(model: Any, x: Tensor) -> Tensor:
+    """log s_θ(x)_y for all L·V neighbours, as released: log_softmax of the logits at the clean x over every
+    class (the mask class a neighbour too). [B, L] -> [B, L, V], with grad."""
+    return torch.log_softmax(raw_logits(model, x), dim=-1)
+
+
 @ESTIMATORS.register("concrete_score")
 @dataclass
 class ConcreteScore:
@@ -147,16 +205,22 @@ class ConcreteScore:
     num_positions: int = 4  # positions probed per sequence (each one masked alone in its own forward row)
     snis_samples: int = 0  # M: 0 = exact neighbour weights; M > 0 = SEPO's SNIS with M draws per position
     states: str = "single"  # single: only the probed cell masked (SEPO's Hamming-1 scores); trace: the
-    # sampler's state when the cell was committed (later cells masked too), for few-step decoding
+    # sampler's state when the cell was committed (later cells masked too), for few-step decoding;
+    # clean: SEPO's released path for its MDLM DNA model (scores at the clean input, every neighbour, SNIS)
+    released_steps: int = 128  # clean: the sampler's steps; π(z|y) is scaled by m(dt), dt = (1 - 1e-5) / steps
     neighbour_extras: bool = False  # also return per-neighbour log-scores and weights [B, K, V] (sepo clip="released")
 
     def __post_init__(self) -> None:
-        if self.states not in ("single", "trace"):
-            raise ValueError(f"concrete_score: states must be 'single' or 'trace', got {self.states!r}")
+        if self.states not in ("single", "trace", "clean"):
+            raise ValueError(f"concrete_score: states must be 'single', 'trace' or 'clean', got {self.states!r}")
+        if self.states == "clean" and self.snis_samples < 1:
+            raise ValueError("concrete_score states='clean' is SEPO's released SNIS path: set snis_samples >= 1 (M=2)")
         self.needs_trajectory = self.states == "trace"  # type: ignore[misc]
 
     def __call__(self, model: Any, batch: RolloutBatch, seed: int) -> EstimatorOutput:
         generator = generator_from_seed(seed)
+        if self.states == "clean":
+            return self.released(model, batch, generator)
         completion_mask = batch.completion_mask.bool()
         positions, valid = pick_positions(completion_mask, self.num_positions, generator)  # [B, K]
         commit_step = None
@@ -184,3 +248,19 @@ class ConcreteScore:
             extras.update(log_scores=log_scores, neighbour_weights=weights, probe_positions=positions,
                           probe_valid=valid)
         return EstimatorOutput(token_logp, seq_logp, mask, extras)
+
+    def released(self, model: Any, batch: RolloutBatch, generator: torch.Generator,
+                 draws: Tensor | None = None) -> EstimatorOutput:
+        """states='clean': every position and value of the completion, SEPO's released scores and weights
+        (released_log_scores, released_neighbour_weights). The model sees the completion alone (the MDLM DNA
+        model is unconditional). token_logp [B, L] = log p_θ(x^i | clean x) (no gradient use in SEPO)."""
+        x = batch.completion_ids
+        log_scores = released_log_scores(model, x)  # [B, L, V], with grad
+        m_t = float(1.0 - model.process.alpha(torch.tensor((1 - 1e-5) / self.released_steps, dtype=torch.float64)))
+        weights = released_neighbour_weights(model, x, m_t, self.snis_samples, generator=generator, draws=draws)
+        mask = batch.completion_mask.bool()
+        token_logp = log_scores.gather(-1, x[..., None]).squeeze(-1).masked_fill(~mask, 0.0)
+        extras = {"log_scores": log_scores, "neighbour_weights": weights.to(log_scores.dtype),
+                  "probe_positions": torch.arange(x.shape[1], device=x.device).expand_as(x), "probe_valid": mask,
+                  "score_surrogate": score_surrogate(log_scores, weights).masked_fill(~mask, 0.0)}
+        return EstimatorOutput(token_logp, token_logp.sum(1), mask, extras)

@@ -5,8 +5,8 @@
     logits = model(input_ids, attention_mask).logits           # [B, T, V]
 
 Checkpoint directories that are not built-in go to ddrl.models.hf (native LLaDA, MMaDA, Dream,
-SDAR/TraDo; DiffusionGemma and other models through transformers), imported here lazily: only
-that path imports transformers. Where things live: families.py (which family a directory is),
+SDAR/TraDo; DiffusionGemma and other models through transformers), URSA pipeline folders to
+ddrl.models.ursa, imported here lazily: only those paths import transformers. Where things live: families.py (which family a directory is),
 hf_tokenizer.py (Hugging Face tokenizers), feeds.py (how masks reach a backbone), backbone.py
 (blocks and LM head of any backbone), lora.py (LoRA), native/ (ddrl's own model code).
 """
@@ -44,7 +44,7 @@ def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
 def load_model(path: str | Path, *, device: torch.device | str | None = None,
                dtype: torch.dtype | str | None = None, mask_token_id: int | None = None,
                trust_remote_code: bool = False, block_size: int | None = None,
-               require_tokenizer: bool = False) -> DiffusionLM:
+               require_tokenizer: bool = False, vq_path: str | Path | None = None) -> DiffusionLM:
     """A saved model directory -> DiffusionLM: built-in (config.json model_type "ddrl_denoiser")
     or a checkpoint directory (LLaDA, Dream, SDAR, ... through ddrl.models.hf).
 
@@ -52,19 +52,49 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
     block_size:        the block size asked for (ModelConfig.block_size); None = the checkpoint's own,
                        anything else must equal it.
     require_tokenizer: fail, before reading weights, when the directory has no tokenizer.
+    vq_path:           the image decoder: URSA's AutoencoderVQ directory (instead of the pipeline's vae/),
+                       or MMaDA's MAGVIT-v2 directory, which makes the MMaDA generate images
+                       (ddrl.models.mmada: t2i prompt layout, image-code completions, decode_images).
+
+    A Lightning `.ckpt` file of DRAKES / SEPO's MDLM DNA model (or a directory ddrl saved it to) is read
+    natively by ddrl.models.mdlm_dna: family "mdlm_dna", mask id 4 after A, C, G, T (needs omegaconf).
+
+    An URSA pipeline folder (model_index.json, no top-level config.json) is read natively by
+    ddrl.models.ursa: family "ursa", model.decode_images, the metric-path process.
 
     A sharded training checkpoint (train.sharded_checkpoints) is read in this process alone: its
     shards are consolidated into a temporary model directory (ddrl.models.io.consolidate_checkpoint).
     Under `with torch.device("meta")` the built-in and native families read no weight data.
     """
+    from ddrl.models import mdlm_dna, ursa  # URSA: a diffusers pipeline folder (no top-level config.json)
+
+    if mdlm_dna.is_lightning_checkpoint(path) or mdlm_dna.is_mdlm_dna_dir(path):  # DRAKES / SEPO's DNA model
+        if block_size is not None or vq_path is not None:
+            raise ValueError(f"{str(path)!r} is an MDLM DNA model: block_size and vq_path do not apply; unset them")
+        if mask_token_id not in (None, mdlm_dna.MASK_ID):
+            raise ValueError(f"model.mask_token_id={mask_token_id}: the MDLM DNA model's mask id is {mdlm_dna.MASK_ID}")
+        load = mdlm_dna.load_dir if Path(path).is_dir() else mdlm_dna.load_lightning_checkpoint
+        return load(path, device=device, dtype=resolve_dtype(dtype))
+
+    if ursa.is_pipeline_dir(path):
+        if block_size is not None:
+            raise ValueError(f"block_size={block_size}: {str(path)!r} is an URSA pipeline (full attention); unset it")
+        return ursa.load_ursa(path, device=device, dtype=resolve_dtype(dtype), vq_path=vq_path,
+                              mask_token_id=mask_token_id, require_tokenizer=require_tokenizer)
+    if (Path(path) / CONFIG_FILE).is_file() and read_json(Path(path) / CONFIG_FILE).get("_class_name") == (
+            ursa.TRANSFORMER_CLASS):
+        raise ModelDirectoryError(f"{str(path)!r} is the transformer/ folder of an URSA pipeline; pass the pipeline "
+                                  f"directory that holds it (its parent, with model_index.json)")
     if is_sharded_checkpoint(path):  # a sharded training checkpoint: its shards, consolidated in a temp dir
         with consolidated_model_dir(path) as directory:
             return load_model(directory, device=device, dtype=dtype, mask_token_id=mask_token_id,
                               trust_remote_code=trust_remote_code, block_size=block_size,
-                              require_tokenizer=require_tokenizer)
+                              require_tokenizer=require_tokenizer, vq_path=vq_path)
     directory = check_model_dir(path, weights=HF_WEIGHT_FILES)
     torch_dtype = resolve_dtype(dtype)
     if read_json(directory / CONFIG_FILE).get("model_type") == MODEL_TYPE:
+        if vq_path is not None:
+            raise ValueError(f"vq_path applies to URSA pipelines and MMaDA; {str(directory)!r} is a built-in model")
         model = DiffusionLM.from_pretrained(directory, device=device, dtype=torch_dtype)
         if mask_token_id is not None and mask_token_id != model.mask_token_id:
             raise ValueError(f"model.mask_token_id={mask_token_id} differs from the built-in model's own "
@@ -78,7 +108,7 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
 
     return hf.load_hf_model(str(directory), device=device, dtype=torch_dtype, mask_token_id=mask_token_id,
                             trust_remote_code=trust_remote_code, block_size=block_size,
-                            require_tokenizer=require_tokenizer)
+                            require_tokenizer=require_tokenizer, vq_path=vq_path)
 
 
 def build_model(model_cfg: Any, tokenizer: Any, *, process_spec: dict[str, Any] | None = None,

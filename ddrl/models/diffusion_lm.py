@@ -309,6 +309,10 @@ class DiffusionLM(nn.Module):
         if not self._fuses_head(kind):
             out, logits = self._kept_forward(run, input_ids, keep, kind)
             return out, targets.score(logits)
+        # The scored positions, flat [M]: the call's one host read (M sizes the head's input), made
+        # before the backbone is queued so that it waits for the mask's own kernels, not for the
+        # forward; index_select/index_copy then need no second read in backward (boolean indexing would).
+        scored = None if targets.mask is None else targets.mask.to(input_ids.device).reshape(-1).nonzero().squeeze(1)
         out = run(compute_logits=False)
         request = backbone_positions(keep, T, shifted=self.logits_shifted, device=input_ids.device,
                                      rows=input_ids.shape[0])
@@ -317,11 +321,14 @@ class DiffusionLM(nn.Module):
         if tuple(targets.ids.shape) != tuple(hidden.shape[:2]):
             raise ValueError(f"targets.ids has shape {list(targets.ids.shape)}; it must be [B, K] = "
                              f"{list(hidden.shape[:2])}, one id per kept position")
-        if targets.mask is None:
+        if scored is None:
             return out, self._head_logprobs(hidden, targets.ids, targets.class_range)
-        mask = targets.mask.to(hidden.device).bool()
-        lp = self._head_logprobs(hidden[mask], targets.ids[mask], targets.class_range)  # [M]: scored positions only
-        return out, torch.zeros(mask.shape, dtype=lp.dtype, device=lp.device).masked_scatter(mask, lp)
+        scored = scored.to(hidden.device)
+        lp = self._head_logprobs(hidden.flatten(0, 1).index_select(0, scored),
+                                 targets.ids.to(hidden.device).reshape(-1).index_select(0, scored),
+                                 targets.class_range)  # [M]: scored positions only
+        flat = torch.zeros(targets.ids.numel(), dtype=lp.dtype, device=lp.device)  # [B * K]
+        return out, flat.index_copy(0, scored, lp).view(targets.ids.shape)
 
     def _fuses_head(self, kind: str | None) -> bool:
         """Whether the backbone can return its hidden states without logits and has a head to apply."""

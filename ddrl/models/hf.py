@@ -7,7 +7,7 @@ natively; DiffusionGemma and other models through transformers.
 Nothing is downloaded: directories are local (`local_files_only=True`). The family is read from
 config.json (ddrl.models.families, which holds the table of family facts) and decides the backbone:
 
-* **Native families** (llada, mmada, dream, sdar): `NATIVE_FAMILIES.get(family).from_pretrained(dir)`
+* **Native families** (llada, mmada, dream, sdar, llada2): `NATIVE_FAMILIES.get(family).from_pretrained(dir)`
   from ddrl.models.native builds ddrl's own implementation from config.json and the safetensors
   with the authors' weight names; a checkpoint whose weight names are not its family's fails there,
   before any compute. No code from the directory runs, whatever trust_remote_code says, and the
@@ -37,7 +37,8 @@ by ddrl ("ddrl" section of config.json), config.json's own mask_token_id, the fa
 tokenizer's mask token (a uniform process falls back to the pad id). An id outside the
 vocabulary is an error naming the override.
 
-**MMaDA images**: `image_token_range = (offset, offset + codebook_size)` and `image_logits(logits)`
+**MMaDA images**: `image_token_range = (len(tokenizer), len(tokenizer) + codebook_size)` (the authors'
+offset, ddrl.models.families.image_token_range; None without a tokenizer) and `image_logits(logits)`
 (codebook-space ids). Setting `model.logits_range = (a, b)` gives every id outside [a, b) the
 suppressed logit, so the ordinary samplers and estimators generate and score image tokens only.
 
@@ -73,7 +74,7 @@ from ddrl.models.io import CONFIG_FILE, ModelDirectoryError, read_json
 __all__ = ["FAMILIES", "FamilyFacts", "HFDiffusionLM", "HFTokenizer", "RemoteCodeError", "detect_family",
            "load_hf_model", "checkpoint_blocks", "transformer_blocks"]
 
-NATIVE_FAMILY_NAMES = "LLaDA, LLaDA-1.5, MMaDA, Dream, DiffuCoder, SDAR and TraDo"
+NATIVE_FAMILY_NAMES = "LLaDA, LLaDA-1.5, MMaDA, Dream, DiffuCoder, SDAR, TraDo and LLaDA2.0/2.1"
 
 
 class RemoteCodeError(ModelDirectoryError):
@@ -194,9 +195,11 @@ def _backbone_cache(out: Any) -> Any:
 
 def load_hf_model(path: str | Path, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                   trust_remote_code: bool = False, mask_token_id: int | None = None, block_size: int | None = None,
-                  require_tokenizer: bool = False) -> HFDiffusionLM:
+                  require_tokenizer: bool = False, vq_path: str | Path | None = None) -> HFDiffusionLM:
     """A local checkpoint directory -> HFDiffusionLM with its family's facts (module docstring).
 
+    vq_path:           MMaDA only: the MAGVIT-v2 directory; the model then generates images
+                       (ddrl.models.mmada.MMaDAImageLM). A ddrl save of such a model records it.
     block_size:        the block size asked for (model.block_size); it must be the checkpoint's.
     require_tokenizer: a directory without a tokenizer is an error (training and generating from text).
     Every check on the directory runs before its weights are read.
@@ -207,7 +210,11 @@ def load_hf_model(path: str | Path, *, device: torch.device | str | None = None,
     family = saved.get("family") or detect_family(config)
     facts = family_facts(family)
     where = f"{str(directory)!r} ({family})"
-    model_block_size = checkpoint_block_size(config, facts, block_size, where)
+    vq_path = vq_path if vq_path is not None else saved.get("vq_path")
+    if vq_path is not None and family != "mmada":
+        raise ValueError(f"vq_path applies to URSA pipelines and MMaDA; {str(directory)!r} is a {family!r} model")
+    generation = read_json(directory / GENERATION_CONFIG_FILE) if (directory / GENERATION_CONFIG_FILE).is_file() else {}
+    model_block_size = checkpoint_block_size(config, facts, block_size, where, generation)
     if not facts.native:
         _check_remote_code_allowed(directory, config, trust_remote_code)
     hf_tokenizer = load_tokenizer(directory, native=facts.native, trust_remote_code=trust_remote_code)
@@ -235,7 +242,7 @@ def load_hf_model(path: str | Path, *, device: torch.device | str | None = None,
         logits_shifted=saved.get("logits_shifted", facts.logits_shifted), process_spec=spec,
         suppress_mask_logit=saved.get("suppress_mask_logit", False),
         attention=facts.attention if facts.native else saved.get("attention", facts.attention),
-        image_token_range=saved.get("image_token_range") or (_image_token_range(backbone, config)
+        image_token_range=saved.get("image_token_range") or (_image_token_range(config, tokenizer)
                                                              if facts.image_codebook else None),
         logits_range=logits_range, canvas_length=saved.get("canvas_length") or config.get("canvas_length"),
     )
@@ -244,7 +251,12 @@ def load_hf_model(path: str | Path, *, device: torch.device | str | None = None,
             kwargs[name] = saved[name]
     # eos_token_id (the tokenizer's) comes first; the constructor puts it there
     kwargs["stop_token_ids"] = saved["stop_token_ids"] if "stop_token_ids" in saved else _generation_stop_ids(directory)
-    model = HFDiffusionLM(backbone, tokenizer, **kwargs)
+    if vq_path is not None:  # an MMaDA that generates images
+        from ddrl.models.mmada import build_text_to_image
+
+        model = build_text_to_image(backbone, hf_tokenizer, vq_path, kwargs, saved=saved, device=device)
+    else:
+        model = HFDiffusionLM(backbone, tokenizer, **kwargs)
     model = load_saved_adapter(model, directory)
     return model.to(device=device) if device is not None else model
 
@@ -296,9 +308,9 @@ def _mask_token_id(directory: Path, family: str, facts: FamilyFacts, config: dic
                      f"tokenizer names one; pass mask_token_id (model.mask_token_id=ID)")
 
 
-def _image_token_range(backbone: nn.Module, config: dict[str, Any]) -> tuple[int, int]:
-    """The native MMaDA backbone's own range, else the rule of ddrl.models.families."""
-    return tuple(getattr(getattr(backbone, "config", None), "image_token_range", None) or image_token_range(config))
+def _image_token_range(config: dict[str, Any], tokenizer: Any) -> tuple[int, int] | None:
+    """MMaDA's codes start after its tokenizer (ddrl.models.families); None without a tokenizer."""
+    return None if tokenizer is None else image_token_range(config, len(tokenizer))
 
 
 def _vocab_size(backbone: nn.Module, config: dict[str, Any]) -> int:

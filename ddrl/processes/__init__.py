@@ -1,7 +1,7 @@
 """Forward (noising) processes: masked, uniform and block diffusion, and their noise schedules.
 
 Importing this package registers the processes in ddrl.registry.PROCESSES under the names
-"masked", "uniform" and "block".
+"masked", "uniform", "block" and "metric_path" (URSA's metric-induced path).
 """
 
 from ddrl.processes.base import ForwardProcess
@@ -14,6 +14,7 @@ from ddrl.processes.block import (
 )
 from ddrl.processes.draws import sample_categorical
 from ddrl.processes.masked import MaskedProcess
+from ddrl.processes.metric_path import MetricPathProcess
 from ddrl.processes.schedules import CosineSchedule, LinearSchedule, Schedule, get_schedule
 from ddrl.processes.uniform import UniformProcess
 
@@ -23,6 +24,7 @@ __all__ = [
     "ForwardProcess",
     "LinearSchedule",
     "MaskedProcess",
+    "MetricPathProcess",
     "Schedule",
     "UniformProcess",
     "blockwise_elbo",

@@ -6,6 +6,7 @@ derivative alpha'(t) from one of these, so masked, uniform and block diffusion s
 
     linear   alpha(t) = 1 - t            (LLaDA / MDLM: t is the mask ratio)
     cosine   alpha(t) = cos(pi t / 2)    (MDLM's CosineNoise without its eps floor)
+    loglinear alpha(t) = 1 - (1 - 1e-3) t (MDLM's LogLinearNoise; DRAKES / SEPO's DNA model)
 
 The cosine choice: MDLM defines alpha(t) = cos(pi t / 2), which keeps few tokens noisy at small t
 (mask ratio ~ (pi t)^2 / 8). MaskGIT's "cosine" is the other one, mask ratio = cos(pi r / 2) in
@@ -55,7 +56,22 @@ class CosineSchedule(Schedule):
         return -0.5 * math.pi * torch.sin(0.5 * math.pi * t)
 
 
-_SCHEDULES: dict[str, type[Schedule]] = {"linear": LinearSchedule, "cosine": CosineSchedule}
+class LogLinearSchedule(Schedule):
+    """MDLM's LogLinearNoise: total noise sigma(t) = -log(1 - (1 - eps) t), so the move chance
+    1 - exp(-sigma) is (1 - eps) t and alpha(t) = 1 - (1 - eps) t (eps = 1e-3: never fully masked)."""
+
+    name = "loglinear"
+    eps = 1e-3
+
+    def alpha(self, t: Tensor) -> Tensor:
+        return 1.0 - (1.0 - self.eps) * t
+
+    def alpha_prime(self, t: Tensor) -> Tensor:
+        return torch.full_like(t, -(1.0 - self.eps))
+
+
+_SCHEDULES: dict[str, type[Schedule]] = {"linear": LinearSchedule, "cosine": CosineSchedule,
+                                         "loglinear": LogLinearSchedule}
 
 
 def get_schedule(name: str | Schedule) -> Schedule:

@@ -184,13 +184,14 @@ class CLIPImageReward(ModelReward):
     model:      a local CLIP directory (config.json + weights + the processor's files: PickScore_v1,
                 clip-vit-large-patch14, ...) or a built CLIPModel, with `processor` then required.
     max_score:  the divisor that puts the score near [0, 1]: 26 for PickScore, 100 for CLIP score.
-    The images come from the `images` keyword (reward(completions, images=..., prompt=...)), one per
-    completion; text from `text_column`. The processor resizes and normalises as the scorer was
+    The images come from the `images` keyword (reward(completions, images=..., caption=...)), one per
+    completion; text from `text_column` ("caption": the text-to-image task's prompt text; "prompt" when
+    a direct call names it so). The processor resizes and normalises as the scorer was
     trained (its CLIPImageProcessor); text is cut to 77 tokens, as theirs.
     """
 
     def __init__(self, model: str | Path | nn.Module, processor: Any = None, *, max_score: float = 26.0,
-                 text_column: str = "prompt", batch_size: int = 8, on_error: float | None = None,
+                 text_column: str = "caption", batch_size: int = 8, on_error: float | None = None,
                  dtype: torch.dtype | None = None):
         super().__init__(batch_size=batch_size, on_error=on_error)
         if isinstance(model, (str, Path)):
@@ -213,7 +214,8 @@ class CLIPImageReward(ModelReward):
     def score_batch(self, completions: list[str], columns: dict[str, list[Any]]) -> Tensor:
         from ddrl.rewards.pixels import to_pil
 
-        images, texts = columns.get("images"), columns.get(self.text_column)
+        images = columns.get("images")
+        texts = columns.get(self.text_column) or columns.get("prompt")  # a direct call may name it prompt
         if images is None or any(im is None for im in images):
             raise ValueError("CLIPImageReward scores images: call it on an image task (images=[n, 3, H, W])")
         if texts is None:

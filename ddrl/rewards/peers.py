@@ -44,16 +44,16 @@ from __future__ import annotations
 
 import ast
 import re
-import threading
 from collections import Counter
 from typing import Any, Callable
 
 from ddrl.rewards import d1 as d1_rewards
 from ddrl.rewards.composite import CompositeReward, column_value, per_completion
+from ddrl.rewards.math import verify_in_worker
 from ddrl.tasks.base import ChatPrompt
 from ddrl.tasks.presets import Preset, get_preset, register_preset
 
-MATH_VERIFY_TIMEOUT_S = 5  # the peers' math-verify timeouts (its defaults; StableDRL passes 5)
+MATH_VERIFY_CPU_S = 10.0  # CPU seconds per comparison (the peers: 5 s wall for a parse, 5 s for verify)
 
 
 # ================================================================ shared pieces
@@ -77,33 +77,14 @@ xml_answer = d1_rewards.xml_answer  # d1's extract_xml_answer
 
 
 # ---------------------------------------------------------------- math-verify
-def _math_verify_timeout() -> int | None:
-    """math-verify's timeouts use signals, which exist only in the main thread."""
-    return MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-
-
-def _mv_parse(text: str) -> list[Any]:
-    from math_verify import parse
-
-    parsed = parse(text, parsing_timeout=_math_verify_timeout())
-    if _math_verify_timeout() is None:
-        from ddrl.rewards.math import _is_safe  # no signal timeout here: refuse unbounded sympy objects
-
-        if not _is_safe(parsed):
-            raise ValueError("expression too large to compare without a timeout")
-    return parsed
-
-
-def math_verify_equal(first: str, second: str) -> bool:
+def math_verify_equal(first: str, second: str) -> bool | None:
     """verify(parse(first), parse(second)) with math-verify's default extraction; False on error.
 
-    The order matters to math-verify: ESPO/GDSD pass the completion first, StableDRL the gold."""
-    from math_verify import verify
-
-    try:
-        return bool(verify(_mv_parse(first), _mv_parse(second), timeout_seconds=_math_verify_timeout()))
-    except Exception:  # noqa: BLE001 - the peers score a failed comparison as wrong
-        return False
+    The order matters to math-verify: ESPO/GDSD pass the completion first, StableDRL the gold. It
+    runs in ddrl's CPU-budget worker (ddrl/rewards/cpu_budget.py) with MATH_VERIFY_CPU_S CPU seconds
+    instead of the peers' wall-clock timeout, whose verdict depends on the machine's load: None
+    (counted and logged) when the budget runs out, where the peers would score a timeout wrong."""
+    return verify_in_worker("texts_equal", [[str(first), str(second)]], MATH_VERIFY_CPU_S)[0]
 
 
 # ---------------------------------------------------------------- GDSD's MATH normalisation
@@ -336,7 +317,10 @@ def espo_gsm8k_reward(completion: str, answer: Any = None, **_: Any) -> float | 
 @_rows
 def espo_math_reward(completion: str, answer: Any = None, **_: Any) -> float | None:
     """ESPO's correctness_reward_func_math: verify(parse(completion), parse(gold solution))."""
-    return None if answer is None else (1.0 if math_verify_equal(completion, math_solution(answer)) else 0.0)
+    if answer is None:
+        return None
+    equal = math_verify_equal(completion, math_solution(answer))
+    return None if equal is None else float(equal)
 
 
 # ESPO's, SPG's and GDSD's Countdown and Sudoku rewards are d1's functions, line for line.
@@ -561,7 +545,10 @@ def stable_drl_anti_short_boxed(completion: str, **_: Any) -> float:
 def _stable_math(gold_of: Callable[[Any], str]) -> Callable[..., list[float | None]]:
     @_rows
     def correctness(completion: str, answer: Any = None, **_: Any) -> float | None:
-        return None if answer is None else (1.0 if math_verify_equal(gold_of(answer), completion) else -1.0)
+        if answer is None:
+            return None
+        equal = math_verify_equal(gold_of(answer), completion)
+        return None if equal is None else (1.0 if equal else -1.0)
 
     return correctness
 

@@ -47,6 +47,17 @@ approximate caches: once per block), and the model is given views [:, :, :T_past
 call's shapes and storage depend only on the block and the step, and no whole-cache copy happens
 when rows finish. The model itself still concatenates past and new keys (its cache contract).
 
+**Compiled steps** (rollout.compile): the strategies call `compiled_model(model)`, torch.compile of
+the model (mode "reduce-overhead" on CUDA: the call is captured once as a CUDA graph and replayed,
+so a step costs one launch instead of one per kernel; the default mode elsewhere). Only the model
+call is compiled; the commit rule and the noise stay eager, so the tokens are the eager ones. The
+static shapes above make it compile once per call shape: no cache and the dual cache have at most
+two (a block's first call and its later ones) in every block; the exact block cache's past grows
+with the block, so it is compiled with dynamic sizes (a bounded number of graphs, tested). The
+prefix cache feeds a shorter suffix every block and would recompile per block: check_sampler
+refuses compile with it. Under CUDA graphs each call's outputs live until the next call; the
+sampler reads the logits and copies the keys/values into its buffer before then.
+
 **Logits shifted by one** (Dream): DiffusionLM realigns them over each call's input, so the first
 fed position gets no prediction of its own. Cached calls therefore start one token early (the
 token before the block: prompt or previous block), and the cache ends before that token.
@@ -72,6 +83,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -122,6 +134,7 @@ def accepts_cache(model: Any) -> bool:
     a backbone (DiffusionLM.model, ...) that takes it or **kwargs itself. The first cached call
     still checks that a cache comes back."""
     seen = 0
+    model = _unwrapped(model)
     while model is not None and seen < 8:
         forward = getattr(model, "forward", None) or getattr(model, "__call__", None)
         try:
@@ -225,6 +238,7 @@ class _KVBuffer:
 
 def _call(model: Any, ids: Tensor, **kwargs: Any) -> Any:
     """model(ids, **kwargs) without the None-valued arguments (so plain models need not take them)."""
+    _begin_step(model)
     return model(ids, **{k: v for k, v in kwargs.items() if v is not None})
 
 
@@ -234,7 +248,7 @@ def _call_keep(model: Any, ids: Tensor, keep: int | Tensor, **kwargs: Any) -> tu
 
     The block's logits are all a step reads: at LLaDA's V = 126k the head over the whole sequence
     would be most of the call's memory."""
-    inner = getattr(model, "module", model)  # DDP
+    inner = getattr(_unwrapped(model), "module", _unwrapped(model))  # DDP
     if names_parameter(inner, "logits_to_keep"):
         out = _call(model, ids, logits_to_keep=keep, **kwargs)
         return out, out.logits
@@ -263,6 +277,7 @@ class FullForward:
 
     def block_logits(self, step: int, completion: Tensor) -> Tensor:
         """completion [B, W] -> the (guided) logits of the block [B, end - start, V]."""
+        _begin_step(self.model)
         rows_fed = completion.shape[0] * (2 if self.cfg_scale > 0 else 1)
         self.forward_tokens += rows_fed * (self.prompt_ids.shape[1] + completion.shape[1])
         return completion_logits(self.model, self.prompt_ids, self.prompt_mask, completion, cfg_scale=self.cfg_scale,
@@ -282,6 +297,9 @@ class ApproxBlockCache:
         self.model, self.prompt_ids, self.prompt_mask = model, prompt_ids, prompt_mask
         self.cfg_scale, self.mask_id, self.dual = cfg_scale, mask_id, dual
         self.context = 1 if getattr(model, "logits_shifted", False) else 0
+        # No prompt mask (the sampler drops an all-ones one): every key is real, so no call passes a
+        # mask and the model keeps its unmasked attention kernel; positions are then the default ones.
+        self.all_valid = prompt_mask is None
         self.cached_tokens = 0  # fed by this strategy; the fallback counts its own
         self.fallback: FullForward | None = None
         self.inputs: _RowInputs | None = None  # built at the first call (W = the completion's width)
@@ -308,11 +326,12 @@ class ApproxBlockCache:
             self.kv = _KVBuffer(self.inputs.valid.shape[1])
         inp, P, s, e = self.inputs, self.inputs.P, self.start, self.end
         ids, valid = inp.ids(completion), inp.valid  # [R, T]
+        given = lambda m: None if self.all_valid else m  # noqa: E731  the attention_mask passed
         T = ids.shape[1]
         a = P + s - self.context  # first fed position of the later steps; the prefix is [0, a)
         if self.past_len is None:  # the block's first step: the whole sequence, keep its cache
             out, block = _call_keep(self.model, ids, torch.arange(P + s, P + e, device=ids.device),
-                                    attention_mask=valid, use_cache=True)
+                                    attention_mask=given(valid), use_cache=True)
             self.cached_tokens += ids.numel()
             layers = cache_layers(getattr(out, "past_key_values", None))
             if layers is None:
@@ -330,10 +349,10 @@ class ApproxBlockCache:
         c = self.context
         if not self.dual:  # the block and the suffix attend to the cached prefix
             _, block = _call_keep(self.model, ids[:, a:], torch.arange(c, c + e - s, device=ids.device),
-                                  attention_mask=valid, past_key_values=past, use_cache=False)
+                                  attention_mask=given(valid), past_key_values=past, use_cache=False)
             self.cached_tokens += ids[:, a:].numel()
         else:  # only the block (after the context token): the last e - s fed positions
-            _, block = _call_keep(self.model, ids[:, a:P + e], e - s, attention_mask=self.order,
+            _, block = _call_keep(self.model, ids[:, a:P + e], e - s, attention_mask=given(self.order),
                                   position_ids=self.positions[:, a:P + e], past_key_values=past, use_cache=False)
             self.cached_tokens += ids[:, a:P + e].numel()
         return inp.guide(block)
@@ -420,24 +439,69 @@ class ExactBlockCache(BlockCausalForward):
 
 
 def block_forward(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *, cache: str, block_length: int,
-                  gen_length: int, cfg_scale: float, mask_id: int, slots: Tensor | None = None):
-    """The strategy for `cache` (none | prefix | dual | auto) and the model's attention (module doc).
+                  gen_length: int, cfg_scale: float, mask_id: int, slots: Tensor | None = None,
+                  compile: bool = False):
+    """The strategy for `cache` (none | prefix | dual | auto) and the model's attention (module doc);
+    compile=True runs its model calls under torch.compile ("Compiled steps" in the module doc).
 
     The settings were checked by ddrl.sampling.checks.check_sampler (the cache choice; prefix/dual on a
     block-causal model need sampler blocks of whole model blocks); "auto" on unaligned blocks runs uncached."""
     common = dict(cfg_scale=cfg_scale, mask_id=mask_id)
     block_size = getattr(model, "block_size", None)
+    if getattr(model, "completion_suffix", None) or getattr(model, "cfg_unconditional_prompt", None) is not None:
+        if block_size or cache not in ("none", "auto"):  # its suffix / guidance prompt live in completion_logits
+            raise ValueError(f"this model's layout (a completion suffix, its own guidance prompt) runs without a KV "
+                             f"cache on full-attention models only; set rollout.cache=none (got {cache!r})")
+        return FullForward(model, prompt_ids, prompt_mask, **common)
     if block_size:
         aligned = block_length % int(block_size) == 0
         kind = ExactBlockCache if cache != "none" and aligned else BlockCausalForward
         if kind is ExactBlockCache and not accepts_cache(model):
             _warn_once(model, "its forward takes no past_key_values")
             kind = BlockCausalForward
-        return kind(model, prompt_ids, prompt_mask, block_size=int(block_size), gen_length=gen_length, slots=slots,
+        run = compiled_model(model, static=kind is BlockCausalForward) if compile else model
+        return kind(run, prompt_ids, prompt_mask, block_size=int(block_size), gen_length=gen_length, slots=slots,
                     **common)
-    if cache in ("none", "auto"):
-        return FullForward(model, prompt_ids, prompt_mask, **common)
-    if not accepts_cache(model):
-        _warn_once(model, "its forward takes no past_key_values")
-        return FullForward(model, prompt_ids, prompt_mask, **common)
-    return ApproxBlockCache(model, prompt_ids, prompt_mask, dual=cache == "dual", **common)
+    if cache in ("none", "auto") or not accepts_cache(model):
+        if cache not in ("none", "auto"):
+            _warn_once(model, "its forward takes no past_key_values")
+        return FullForward(compiled_model(model, static=True) if compile else model, prompt_ids, prompt_mask,
+                           **common)
+    dual = cache == "dual"
+    return ApproxBlockCache(compiled_model(model, static=dual) if compile else model, prompt_ids, prompt_mask,
+                            dual=dual, **common)
+
+
+# --------------------------------------------------------------------------------------------
+# Compiled steps (rollout.compile)
+# --------------------------------------------------------------------------------------------
+
+
+_cuda_graphed: "weakref.WeakSet[Any]" = weakref.WeakSet()  # compiled models whose calls replay CUDA graphs
+
+
+def compiled_model(model: Any, *, static: bool) -> Any:
+    """torch.compile(model) for one sampler call (module doc, "Compiled steps").
+
+    static: the strategy's shapes are the same in every block (no cache, the dual cache, a block model
+    without cache): dynamic=False, one graph per call shape. Otherwise (the exact cache's growing
+    past) dynamo's automatic dynamic shapes: recompiled with symbolic sizes after the first change.
+    A new wrapper per call costs nothing: dynamo keeps the compiled code with the model's forward, so
+    the next sampler call on the same model reuses it."""
+    cuda = any(p.is_cuda for p in model.parameters()) if hasattr(model, "parameters") else False
+    compiled = torch.compile(model, mode="reduce-overhead" if cuda else None, dynamic=False if static else None)
+    if cuda:
+        _cuda_graphed.add(compiled)
+    return compiled
+
+
+def _begin_step(model: Any) -> None:
+    """Before a model call: under CUDA graphs, tell torch a new step begins, so that the replay may
+    reuse the memory of the last one's outputs (the sampler has read or copied them by now)."""
+    if model in _cuda_graphed:
+        torch.compiler.cudagraph_mark_step_begin()
+
+
+def _unwrapped(model: Any) -> Any:
+    """The module torch.compile wrapped (its forward's signature is the one to read), else the model."""
+    return getattr(model, "_orig_mod", model)

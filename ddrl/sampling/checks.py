@@ -35,18 +35,20 @@ NOT_APPLICABLE: dict[str, tuple[str, ...]] = {
     "emerge": ("threshold", "factor"),
     "dream": ("block_length", "threshold", "factor", "cfg_scale", "cache"),
     "diffusion_gemma": ("threshold", "factor", "cfg_scale", "cache"),
+    "metric_path": ("block_length", "threshold", "factor", "cache"),
 }
 WHY_NOT = {
     "emerge": "the emerge sampler unmasks at random by its schedule",
     "dream": "it decodes the whole completion each step, without cache or guidance",
     "diffusion_gemma": "it denoises one canvas by its own schedule, without cache or guidance",
+    "metric_path": "URSA's CTMC updates every image token at every step, without blocks or cache",
 }
 
 
 # What a field a duck-typed config lacks means (SamplerConfig's defaults, where they are "off").
 DEFAULTS: dict[str, Any] = {"block_length": None, "temperature": 0.0, "cfg_scale": 0.0, "remasking": "low_confidence",
                             "threshold": None, "factor": None, "cache": "auto", "alg": "entropy", "alg_temp": None,
-                            "top_p": None, "top_k": None, "noise_dtype": "float32"}
+                            "top_p": None, "top_k": None, "noise_dtype": "float32", "compile": False}
 
 
 def _get(cfg: Any, field: str) -> Any:
@@ -56,7 +58,7 @@ def _get(cfg: Any, field: str) -> Any:
 def _is_set(cfg: Any, field: str) -> bool:
     """Whether an optional setting is on (cache: anything but the reference's none/auto)."""
     value = _get(cfg, field)
-    if field == "cfg_scale":
+    if field in ("cfg_scale", "compile"):
         return bool(value)
     if field == "cache":
         return value not in (None, "none", "auto")
@@ -99,6 +101,11 @@ def check_sampler(cfg: Any, key: str = "rollout", *, name: str | None = None, bl
         raise ValueError(f"{p}temperature must be >= 0 (0 = greedy), got {_get(cfg, 'temperature')}")
     if _get(cfg, "cfg_scale") < 0:
         raise ValueError(f"{p}cfg_scale must be >= 0 (0 = no guidance), got {_get(cfg, 'cfg_scale')}")
+    if not isinstance(_get(cfg, "compile"), bool):
+        raise ValueError(f"{p}compile must be true or false, got {_get(cfg, 'compile')!r}")
+    if _get(cfg, "compile") and _get(cfg, "cache") == "prefix":  # ddrl.sampling.cache "Compiled steps"
+        raise ValueError(f"{p}compile needs call shapes that do not change block by block, but {p}cache='prefix' "
+                         f"feeds a shorter suffix every block (a recompile per block); use {p}cache=dual or auto")
     _check_choices(cfg, p)
     _check_parallel_decoding(cfg, p, name)
     top_p, top_k, alg_temp = _get(cfg, "top_p"), _get(cfg, "top_k"), _get(cfg, "alg_temp")
@@ -111,6 +118,9 @@ def check_sampler(cfg: Any, key: str = "rollout", *, name: str | None = None, bl
     for field in NOT_APPLICABLE.get(name, ()):
         if _is_set(cfg, field):
             raise ValueError(f"{p}{field} does not apply to the {name} sampler ({WHY_NOT[name]}); unset it")
+    if _is_set(cfg, "compile") and name not in (*SEMI_AR, AUTO):  # the samplers that run ddrl.sampling.cache
+        raise ValueError(f"{p}compile does not apply to the {name} sampler (only the masked, block and emerge "
+                         f"samplers compile their decode step); unset it")
     if name == "dream" and _get(cfg, "alg") == "origin" and alg_temp:
         raise ValueError(f"{p}alg_temp applies to the confidence orderings; alg='origin' commits at random by the "
                          f"schedule, so unset {p}alg_temp")
@@ -208,19 +218,28 @@ def model_samplers(model: Any) -> tuple[str, ...]:
     A block-causal model (SDAR/TraDo, ddrl's block models) decodes its own blocks: the masked
     sampler would run semi-AR blocks of any length over it. DiffusionGemma denoises one canvas
     (its own sampler; ddrl's uniform sampler records a trajectory). Uniform-process models take the
-    uniform sampler. Masked models take the masked sampler or MaskGRPO's emerge; Dream also its own
-    diffusion_generate, which its peers' recipes name explicitly (rollout.name=dream)."""
+    uniform sampler; a metric-path model (URSA) the metric path's CTMC sampler only (the uniform
+    posterior does not exist there). Masked models take the masked sampler, MaskGRPO's emerge or
+    MMaDA's maskgit; Dream also its own diffusion_generate, which its peers' recipes name explicitly
+    (rollout.name=dream)."""
     family = getattr(model, "family", None)
     process = (getattr(model, "process_spec", None) or {}).get("name", "masked")
     if family == "diffusion_gemma":
         return ("diffusion_gemma", "uniform")
+    if family == "llada2":  # 2.0: threshold block decoding; 2.1 (token editing): its own (ddrl.sampling.llada2)
+        editing = getattr(getattr(getattr(model, "model", None), "config", None), "token_editing", False)
+        return ("llada2_edit", "block") if editing else ("block", "llada2_edit")
+    if family == "mdlm_dna":  # unconditional DNA (DRAKES / SEPO): MDLM's DDPM steps with soft final steps
+        return ("drakes",)
     if getattr(model, "block_size", None) or process == "block":
         return ("block",)
     if process == "uniform":
         return ("uniform",)
+    if process == "metric_path":  # URSA: the CTMC jumps over its codebook's distances
+        return ("metric_path",)
     if family == "dream":
         return ("masked", "dream", "emerge")
-    return ("masked", "emerge")
+    return ("masked", "emerge", "maskgit")
 
 
 def resolve_sampler(model: Any, name: str, key: str = "rollout") -> str:

@@ -80,11 +80,14 @@ nothing of theirs is committed. This is what CUDA graphs / torch.compile need an
 the whole cache when rows finish; the price is compute on rows whose results are thrown away
 (forward_tokens counts every row fed).
 
-**Host reads** (device syncs) left in the loop: per call, the noise seeds (one read) and the block
-layout of block models (block_canvas); per block, whether every row has stopped (early exit);
-per step, only under threshold, factor or sdar_dynamic decoding, whether the block still has a mask
-(commit.py: the next call depends on it). Fixed counts and emerge read nothing per step. The model
-and ddrl.logits may add their own (logits_to_keep's range check).
+**Host reads** (device syncs) left in the loop: per call, whether the prompt mask is all ones (one
+read; then the model is given no mask), the noise seeds (one read, from the caller's generators:
+no device sync for CPU generators) and the block layout of block models (block_canvas); per
+block, whether every row has stopped (early exit); per step, only under threshold, factor or
+sdar_dynamic decoding, whether the block still has a mask (commit.py: the next call depends on
+it). Fixed counts and emerge read nothing per step, and neither do the native LLaDA and Dream
+model calls nor ddrl.logits: their input checks are queued on the device (ddrl.ops.value_checks;
+tests/unit/test_host_syncs.py counts the reads).
 
 **Trajectory** (return_trajectory=True): commit_step [B, L], token_probs [B, S, L], step_times
 (emerge); the contract and its memory cost are in ddrl.sampling.trajectory.
@@ -143,7 +146,7 @@ class _Settings:
 @torch.no_grad()
 def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule: CommitRule, settings: _Settings, *,
              gen_length: int, block_length: int, eos_id: int | Iterable[int] | None, record: bool,
-             cache: str = "none") -> _Decoded:
+             cache: str = "none", compile: bool = False) -> _Decoded:
     """Blocks left to right; inside a block, steps until `rule` says the block is done.
 
     eos_id: the stop token(s) of early exit, EOS first (the id finished rows are filled with); None = none.
@@ -155,7 +158,8 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule: Commit
     width = gen_length if slots is None else slots.shape[1]  # completion slots W
     own = None if offsets is None else completion_slots(offsets, gen_length, width)  # [B, W] the row's L tokens
     forward = block_forward(model, prompt_ids, prompt_mask, cache=cache, block_length=block_length,
-                            gen_length=width, cfg_scale=settings.cfg_scale, mask_id=settings.mask_id, slots=slots)
+                            gen_length=width, cfg_scale=settings.cfg_scale, mask_id=settings.mask_id, slots=slots,
+                            compile=compile)
     completion = torch.full((B, width), settings.mask_id, dtype=torch.long, device=device)  # [B, W]
     commit_step = torch.full((B, width), -1, dtype=torch.long, device=device)  # [B, W]
     empty = torch.zeros_like(completion, dtype=torch.bool) if slots is None else ~slots  # never committed
@@ -314,8 +318,11 @@ def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *, sam
                          getattr(cfg, "top_k", None) or 0, getattr(cfg, "top_p", None) or 1.0,
                          NOISE_DTYPES[getattr(cfg, "noise_dtype", None) or "float32"])
     mask = None if prompt_mask is None else prompt_mask.bool()
+    if mask is not None and bool(mask.all()):  # one read per call: then no step passes an all-ones mask,
+        mask = None  # and the model runs its unmasked attention (SDPA's fastest kernel), as the reference
     return _denoise(model, prompt_ids, mask, rule, settings, gen_length=cfg.gen_length, block_length=block_length,
-                    eos_id=model_stop_ids(model) if early_exit else None, record=record, cache=cfg.cache)
+                    eos_id=model_stop_ids(model) if early_exit else None, record=record, cache=cfg.cache,
+                    compile=bool(getattr(cfg, "compile", False)))
 
 
 # --------------------------------------------------------------------------------------------

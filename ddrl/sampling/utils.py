@@ -139,6 +139,28 @@ def guided_logits(cond: Tensor, uncond: Tensor, cfg_scale: float) -> Tensor:
     return guided.masked_fill(torch.isneginf(cond) | torch.isneginf(uncond), float("-inf"))
 
 
+def completion_suffix(model, completion: Tensor) -> Tensor:
+    """[A, S] long: the model's fixed ids after every completion (`model.completion_suffix`, e.g. MMaDA's
+    <|eoi|> after an image, ddrl.models.mmada); [A, 0] for models without one."""
+    ids = tuple(getattr(model, "completion_suffix", None) or ())
+    return torch.tensor(ids, dtype=torch.long, device=completion.device).expand(completion.shape[0], len(ids))
+
+
+def unconditional_prompt(model, prompt_ids: Tensor, real: Tensor, mask_id: int) -> tuple[Tensor, Tensor]:
+    """The guidance pass's prompt and its real tokens, [A, P] each: the model's own unconditional prompt
+    (`model.cfg_unconditional_prompt`: MMaDA's empty caption in its layout) left-padded to P, else ddrl's
+    form, every real prompt token replaced by mask_id (`real` is then returned as it is)."""
+    ids = getattr(model, "cfg_unconditional_prompt", None)
+    if ids is None:
+        return prompt_ids.masked_fill(real, mask_id), real
+    A, P = prompt_ids.shape
+    if len(ids) > P:
+        raise ValueError(f"the unconditional prompt has {len(ids)} tokens, more than the {P} of the prompts")
+    row = torch.tensor([mask_id] * (P - len(ids)) + list(ids), dtype=prompt_ids.dtype, device=prompt_ids.device)
+    valid = torch.arange(P, device=prompt_ids.device) >= P - len(ids)
+    return row.expand(A, P), valid.expand(A, P)
+
+
 def completion_logits(model, prompt_ids: Tensor, prompt_mask: Tensor | None, completion: Tensor, *,
                       cfg_scale: float, mask_id: int, window: tuple[int, int] | None = None) -> Tensor:
     """One model call on [prompt, completion]; returns the logits of the completion positions [A, L, V].
@@ -148,23 +170,30 @@ def completion_logits(model, prompt_ids: Tensor, prompt_mask: Tensor | None, com
     completion positions [lo, hi) are computed and returned ([A, hi - lo, V], a sampler's block).
     With cfg_scale > 0 the conditional and unconditional inputs go through the model as one batch
     of 2A rows; the unconditional input has every real prompt token replaced by mask_id (padding is
-    left as it is, the attention mask hides it).
+    left as it is, the attention mask hides it), or is the model's own unconditional prompt
+    (unconditional_prompt). A model's completion suffix follows the completion in every row.
     The logits must be aligned (position i predicts the clean token at i): DiffusionLM realigns a
     Dream backbone's shifted logits itself (ddrl.models.diffusion_lm), so the last L positions are
     read here whatever `logits_shifted` says; reading them one position earlier again would shift twice.
     """
     P, L = prompt_ids.shape[1], completion.shape[1]
-    x = torch.cat([prompt_ids, completion], dim=1)  # [A, T]
+    suffix = completion_suffix(model, completion)  # [A, S]: fixed ids after the completion (MMaDA's <|eoi|>)
+    x = torch.cat([prompt_ids, completion, suffix], dim=1)  # [A, T]
     attn = None
     if prompt_mask is not None:
-        attn = torch.cat([prompt_mask, torch.ones_like(completion, dtype=torch.bool)], dim=1)  # [A, T]
+        attn = torch.cat([prompt_mask, torch.ones_like(completion, dtype=torch.bool),
+                          torch.ones_like(suffix, dtype=torch.bool)], dim=1)  # [A, T]
     if cfg_scale > 0:
         real = prompt_mask if prompt_mask is not None else torch.ones_like(prompt_ids, dtype=torch.bool)
-        uncond = torch.cat([prompt_ids.masked_fill(real, mask_id), completion], dim=1)
+        uncond_prompt, uncond_real = unconditional_prompt(model, prompt_ids, real, mask_id)
+        uncond = torch.cat([uncond_prompt, completion, suffix], dim=1)
         x = torch.cat([x, uncond], dim=0)  # [2A, T]
-        attn = None if attn is None else torch.cat([attn, attn], dim=0)
+        if attn is not None or uncond_real is not real:  # [2A, T]
+            rest = torch.ones(completion.shape[0], L + suffix.shape[1], dtype=torch.bool, device=x.device)
+            attn = torch.cat([torch.cat([real, rest], dim=1), torch.cat([uncond_real, rest], dim=1)], dim=0)
     if window is None:  # [A or 2A, L, V]: the LM head on the completion only
-        logits = kept_logits(model, x, attn, logits_to_keep=L)
+        keep = torch.arange(P, P + L, device=x.device) if suffix.shape[1] else L
+        logits = kept_logits(model, x, attn, logits_to_keep=keep)
     else:  # [A or 2A, hi - lo, V]: only completion positions [lo, hi) (a sampler's block)
         lo, hi = window
         logits = kept_logits(model, x, attn, logits_to_keep=torch.arange(P + lo, P + hi, device=x.device))

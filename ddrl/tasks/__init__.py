@@ -139,7 +139,7 @@ def get_task(name: str, **kwargs: Any) -> Task:
 
 
 # Built-in tasks (registration happens on import).
-from ddrl.tasks import countdown, digits, math_tasks, sudoku, user  # noqa: E402,F401
+from ddrl.tasks import countdown, digits, dna, math_tasks, sudoku, text_to_image, user  # noqa: E402,F401
 
 try:
     from ddrl.tasks import code_tasks  # noqa: F401  (written in parallel; absent in some checkouts)

@@ -13,8 +13,8 @@ Reward (d1, Zhao et al. 2025): `correctness_weight` (2.0) x math-verify correctn
   ESPO, GDSD, StableDRL all read these hub sets): GSM8K {"question", "answer": "... #### 42"};
   MATH {"problem", "solution" (its last \\boxed{} is the answer), "answer" (optional, preferred)}.
   `question_field`/`answer_field` name other columns. Examples: "prompt", "question", "answer" (the
-  bare gold answer) and, for MATH rows, "solution". `preset="d1"` etc. swaps in a paper's prompt,
-  reward and metric.
+  bare gold answer; with a preset, the answer field as written, which the paper's code parses) and,
+  for MATH rows, "solution". `preset="d1"` etc. swaps in a paper's prompt, reward and metric.
 """
 
 from __future__ import annotations
@@ -131,7 +131,10 @@ class MathFileTask(PresetMixin, MathRewardMixin, FileTask):
         if raw is None:
             raise ValueError(f"{where}: no field {self.answer_field!r} (fields: {', '.join(row)}); set answer_field=")
         question = str(row[self.question_field])
-        example = {"prompt": chat_prompt(question), "question": question, "answer": gold_answer(raw)}
+        # A preset compares as its paper does, from the gold as the data writes it (d1 marks
+        # \boxed{58500} wrong against MATH-500's "58,500"); ddrl's own reward takes the bare answer.
+        answer = gold_answer(raw) if self.preset is None else str(raw)
+        example = {"prompt": chat_prompt(question), "question": question, "answer": answer}
         if row.get("solution") is not None:  # MATH: a paper's reward may read the gold \boxed{} itself
             example["solution"] = str(row["solution"])
         return example

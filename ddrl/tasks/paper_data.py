@@ -21,8 +21,8 @@ row, as the papers do, and leaves the task without a dev split. A task with no t
 (test_path= or path= alone) has no dev split either.
 
 Files: .jsonl (one JSON object a line), .json (a list of objects), .csv (a header row; cells
-stay strings, so d1's Sudoku "0310..." keeps its leading zero) and .parquet (needs
-`pip install pyarrow`).
+stay strings, so d1's Sudoku "0310..." keeps its leading zero), .parquet (needs
+`pip install pyarrow`) and .txt (one prompt a line: {"prompt": line}, the text-to-image lists).
 
 `preset="d1"` (or "espo", "spg", "stable_drl", "gdsd") makes a task use the paper's prompt, reward
 and accuracy metric from `ddrl.tasks.presets.get_preset(preset, task.name)` in place of its own:
@@ -41,7 +41,7 @@ from typing import Any
 from ddrl.tasks.base import Task, held_out_sample, is_test_key, split_fixed_rows, train_cycle
 from ddrl.tasks.presets import Preset, get_preset
 
-DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
 DEFAULT_TEST_FRACTION = 0.1  # of a single file split by hash (split="hash")
 DEFAULT_DEV_FRACTION = 0.1  # of the train rows, held out as dev
 
@@ -71,6 +71,9 @@ def numbered_records(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
             reader = csv.DictReader(f)
             return [(f"record {i} (line {reader.line_num})", dict(row)) for i, row in enumerate(reader, start=1)]
     text = path.read_text(encoding="utf-8")
+    if suffix == ".txt":  # a prompt list (PickScore's, OCR's): one prompt a line, blank lines skipped
+        lines = [(n, line.strip()) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+        return [(f"record {i} (line {n})", {"prompt": line}) for i, (n, line) in enumerate(lines, start=1)]
     if suffix == ".json" and text.lstrip().startswith("["):
         try:
             rows = [(f"record {i}", row) for i, row in enumerate(json.loads(text), start=1)]

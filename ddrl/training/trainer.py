@@ -143,6 +143,8 @@ class Trainer:
         m = self.cfg.model
         kwargs = dict(dtype=m.dtype, mask_token_id=m.mask_token_id, trust_remote_code=m.trust_remote_code,
                       block_size=m.block_size, require_tokenizer=True)
+        if m.vq_path is not None:  # only image families take it (load_model says which)
+            kwargs["vq_path"] = m.vq_path
         if self._rank0_loading:  # weights read once, on rank 0; the other ranks build on the meta device
             model = ckpt.load_model_on_rank0(m.path, self.dist, **kwargs)
         else:

@@ -3,8 +3,10 @@ format, a tiny checkpoint in the official layout, and one RL step with a finite 
 
 The recipes name placeholder paths (/path/to/...); the test points them at files it writes in the
 papers' formats (GSM8K jsonl, MATH rows, d1's Countdown jsonl and the hub's, d1's Sudoku CSV, MBPP
-jsonl) and at tests/fixtures/{llada,dream}/model (official hub layouts, 2 layers). URSA's format is
-out of scope: the UDM-GRPO recipe runs on the shipped uniform model (checkpoints/digits-uniform).
+jsonl, GenEval's metadata jsonl and the PickScore / OCR .txt prompt lists) and at
+tests/fixtures/{llada,dream,ursa}/model (official layouts: hub folders, URSA's diffusers pipeline folder).
+A text-to-image recipe's reward becomes a tiny random CLIP directory (pickscore) or a reward server on
+loopback (server) serving a fixed function of the image.
 
 Only the size of the run is shrunk (steps, prompts, group, lengths, LoRA rank, fp32 on CPU); the
 task, its arguments, the preset, the method, its objective/estimator arguments, LoRA target modules
@@ -24,13 +26,14 @@ from pathlib import Path
 import pytest
 
 from ddrl.config import RLConfig, load_config
+from tests.tiny_clip import write_tiny_clip
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = ROOT / "configs/paper"
 RECIPES = sorted(PAPER.rglob("*.yaml"))
 MODELS = {"llada": ROOT / "tests/fixtures/llada/model", "dream": ROOT / "tests/fixtures/dream/model",
-          "uniform": ROOT / "checkpoints/digits-uniform"}
-FILE_TASKS = ("gsm8k", "math500", "countdown", "sudoku4x4", "mbpp")  # tasks read from train_path/test_path
+          "ursa": ROOT / "tests/fixtures/ursa/model", "dna": ROOT / "tests/fixtures/sepo_dna/tiny_mdlm_dna.ckpt"}
+FILE_TASKS = ("gsm8k", "math500", "countdown", "sudoku4x4", "mbpp", "text_to_image")  # read from train/test_path
 FULL_FT = ("stable_drl", "coupled_grpo", "tracerl", "udm_grpo", "unigrpo")  # released as full fine-tuning
 
 
@@ -42,7 +45,9 @@ def _family(cfg: RLConfig, path: Path) -> str:
     if "dream" in name or "diffucoder" in name:
         return "dream"
     if "ursa" in name:
-        return "uniform"
+        return "ursa"
+    if "mdlm_dna" in name:  # SEPO's own DNA model: the tiny Lightning checkpoint its fixture script made
+        return "dna"
     raise AssertionError(f"{path}: model.path {cfg.model.path!r} names no known family (LLaDA, Dream/DiffuCoder, "
                          f"URSA); add its tiny checkpoint to MODELS")
 
@@ -60,8 +65,9 @@ def _csv(path: Path, rows: list[tuple[str, str]]) -> str:
     return str(path)
 
 
-def write_task_files(task: str, d: Path) -> tuple[str, str]:
-    """(train file, test file) of a few rows in the format the papers ship for `task`."""
+def write_task_files(task: str, d: Path, suffix: str = "") -> tuple[str, str]:
+    """(train file, test file) of a few rows in the format the papers ship for `task` (suffix: the
+    placeholder's, where a task reads several formats)."""
     if task == "gsm8k":  # openai/gsm8k main
         q = [("Tom has 3 apples and buys 2 more. How many apples?", "3 + 2 = <<3+2=5>>5\n#### 5"),
              ("A box holds 4 pens. How many pens are in 3 boxes?", "4 * 3 = <<4*3=12>>12\n#### 12"),
@@ -95,7 +101,37 @@ def write_task_files(task: str, d: Path) -> tuple[str, str]:
                  "code": "def double(x):\n    return 2 * x", "test_list": ["assert double(2) == 4"],
                  "test_setup_code": "", "challenge_test_list": []}]
         return _jsonl(d / "mbpp_train.jsonl", rows), _jsonl(d / "mbpp_test.jsonl", test)
+    if task == "text_to_image":  # GenEval's metadata jsonl, or a prompt list (PickScore, OCR), by the suffix
+        rows = [{"tag": "counting", "include": [{"class": "cat", "count": n}],
+                 "exclude": [{"class": "cat", "count": n + 1}], "prompt": f"a photo of {word} cats"}
+                for n, word in ((2, "two"), (3, "three"), (4, "four"))]
+        if suffix == ".jsonl":
+            return _jsonl(d / "train_metadata.jsonl", rows[:2]), _jsonl(d / "test_metadata.jsonl", rows[2:])
+        (d / "train.txt").write_text("".join(r["prompt"] + "\n" for r in rows[:2]))
+        (d / "test.txt").write_text(rows[2]["prompt"] + "\n")
+        return str(d / "train.txt"), str(d / "test.txt")
     raise AssertionError(f"no tiny files for task {task!r}")
+
+
+def write_dna_files(d: Path, n: int = 40, length: int = 8) -> dict[str, str]:
+    """gosai_all.csv's columns (seq, hepg2, k562, sknsh) and a TorchScript oracle [n, 4, L] -> [n, 3]."""
+    import random
+
+    import torch
+
+    rng = random.Random(0)
+    with (d / "gosai.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["seq", "hepg2", "k562", "sknsh"])
+        for _ in range(n):
+            s = "".join(rng.choice("ACGT") for _ in range(length))
+            w.writerow([s, s.count("G"), s.count("A"), s.count("T")])
+    weights = torch.tensor([[0.0, 0.5, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    oracle = torch.nn.Conv1d(4, 3, kernel_size=1, bias=False)
+    oracle.weight.data = weights[..., None]
+    torch.jit.trace(torch.nn.Sequential(oracle, torch.nn.AdaptiveAvgPool1d(1)), torch.zeros(1, 4, length)).save(
+        str(d / "oracle.pt"))
+    return {"path": str(d / "gosai.csv"), "oracle": str(d / "oracle.pt")}
 
 
 def _model_dir(family: str, tmp_path: Path) -> Path:
@@ -121,8 +157,10 @@ def _shrink(cfg: RLConfig, family: str, tmp_path: Path) -> list[str]:
            "eval.n=0", "eval.before=false", "eval.every=0", "dist.strategy=none", f"output_dir={tmp_path / 'run'}"]
     if cfg.model.lora.rank > 0:
         out += ["model.lora.rank=4", "model.lora.alpha=8"]
-    if family == "uniform":  # a digits image is 64 tokens; the sampler's step count is what shrinks
-        out += ["rollout.gen_length=64", "rollout.steps=2"]
+    if family == "ursa":  # the tiny pipeline's 4 x 4 latent grid (8 x 8 pixels); 2 of the recipe's 10 steps
+        out += ["rollout.gen_length=16", "rollout.steps=2", "task.args.image_grid=[4,4]"]
+    elif family == "dna":
+        out += ["rollout.gen_length=8", "rollout.steps=8"]  # the tiny checkpoint's length
     else:
         out += ["rollout.gen_length=8", "rollout.steps=8"]
         if cfg.rollout.name in ("auto", "masked", "block"):
@@ -131,14 +169,47 @@ def _shrink(cfg: RLConfig, family: str, tmp_path: Path) -> list[str]:
         out.append("method.estimator_args.block_length=8")  # SPG's per-block masks: one block of 8
     if t.group_filter is not None:  # 8 tokens never reach a stop token: every answer would count as cut off
         out.append("train.truncated_reward=null")
+    if cfg.task.name == "dna_enhancer":  # a gosai-format CSV and a traced oracle in gReLU's layout
+        out += [f"task.args.{k}={v}" for k, v in write_dna_files(tmp_path).items()]
+        out += ["task.args.oracle_kind=torchscript", "task.args.atac_oracle=null"]
     if cfg.task.name in FILE_TASKS:
         for key in ("train_path", "test_path"):
             value = cfg.task.args.get(key)
             assert isinstance(value, str) and value.startswith("/path/to/"), (
                 f"task.args.{key} must name the paper's file as a /path/to/... placeholder, got {value!r}")
-        train, test = write_task_files(cfg.task.name, tmp_path)
+        train, test = write_task_files(cfg.task.name, tmp_path, Path(cfg.task.args["train_path"]).suffix)
         out += [f"task.args.train_path={train}", f"task.args.test_path={test}"]
     return out
+
+
+def brightness(completions, images=None, **columns):
+    """The served stand-in for GenEval / OCR: a fixed function of the decoded image."""
+    return images.mean(dim=(1, 2, 3)).tolist()
+
+
+@pytest.fixture
+def image_reward(tmp_path):
+    """Overrides that point a text-to-image recipe's reward at tiny components: pickscore -> a tiny random
+    CLIP directory (checked to be a placeholder path), server -> a reward server on loopback."""
+    from ddrl.rewards.server import serve_reward
+
+    servers = []
+
+    def overrides(cfg: RLConfig) -> list[str]:
+        reward, args = cfg.task.args.get("reward"), cfg.task.args.get("reward_args") or {}
+        if reward == "pickscore":
+            assert str(args.get("model", "")).startswith("/path/to/"), "reward_args.model names the checkpoint"
+            return [f"task.args.reward_args.model={write_tiny_clip(tmp_path / 'clip')}"]
+        if reward == "server":
+            assert args.get("url"), "reward_args.url names the server"
+            servers.append(serve_reward(brightness, background=True))
+            return [f"task.args.reward_args.url={servers[-1].url}"]
+        raise AssertionError(f"no tiny stand-in for the text_to_image reward {reward!r}")
+
+    yield overrides
+    for server in servers:
+        server.shutdown()
+        server.server_close()
 
 
 def _recipe_id(p: Path) -> str:
@@ -186,12 +257,13 @@ def test_recipe_states_its_units_and_precision(path):
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=_recipe_id)
-def test_recipe_starts_on_tiny_files_and_checkpoint(path, tmp_path):
+def test_recipe_starts_on_tiny_files_and_checkpoint(path, tmp_path, image_reward):
     from ddrl.training.trainer import Trainer
 
     cfg = load_config(path, cls=RLConfig)
     family = _family(cfg, path)
-    small = load_config(path, _shrink(cfg, family, tmp_path), RLConfig)
+    extra = image_reward(cfg) if cfg.task.name == "text_to_image" else []
+    small = load_config(path, _shrink(cfg, family, tmp_path) + extra, RLConfig)
     trainer = Trainer(small)
     assert trainer.task.name == cfg.task.name
     preset = cfg.task.args.get("preset")

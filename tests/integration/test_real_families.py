@@ -19,23 +19,28 @@ import torch
 from safetensors.torch import load_file
 
 import ddrl
+from ddrl.models.native.base import read_weights
 from ddrl.training.trainer import train
 from tests.integration.conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures"
-FAMILIES = ["llada", "mmada", "dream", "sdar"]
+FAMILIES = ["llada", "mmada", "dream", "sdar", "llada2"]
+MODEL_DIRS = {"llada2": "llada2/model-2.0"}  # LLaDA2.0 (2.1's tiny checkpoint differs only in seed)
+BLOCK_FAMILIES = ("sdar", "llada2")
 # LoRA targets by the family's own module names (LLaDA's blocks have no o_proj / gate_proj / down_proj).
 LORA_TARGETS = {"llada": "[q_proj, k_proj, v_proj, attn_out, ff_proj, up_proj, ff_out]",
                 "mmada": "[q_proj, k_proj, v_proj, attn_out, ff_proj, up_proj, ff_out]",
                 "dream": "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]",
-                "sdar": "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"}
+                "sdar": "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]",
+                # LLaDA2: attention, dense MLP, shared and routed experts; the router (mlp.gate) is no Linear
+                "llada2": "[query_key_value, dense, gate_proj, up_proj, down_proj]"}
 
 
 @pytest.fixture(params=FAMILIES)
 def checkpoint(request, tmp_path) -> tuple[str, Path]:
     family = request.param
     target = tmp_path / family
-    shutil.copytree(FIXTURES / family / "model", target)
+    shutil.copytree(FIXTURES / MODEL_DIRS.get(family, f"{family}/model"), target)
     return family, target
 
 
@@ -78,7 +83,7 @@ def test_loads_natively_samples_and_round_trips(checkpoint, tmp_path):
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_two_step_train_gives_a_finite_loss_and_moves_parameters(checkpoint, lora, tmp_path):
     family, path = checkpoint
-    block_model = family == "sdar"
+    block_model = family in BLOCK_FAMILIES
     overrides = [f"model.path={path}", "task.name=tests.integration.text_task:make", "task.args={}", "train.steps=2",
                  "train.prompts_per_step=2", "train.group_size=2", "train.lr=1e-2", "train.save_every=2",
                  "eval.n=2", "eval.every=0", "eval.before=false", "train.progress=false",
@@ -97,10 +102,14 @@ def test_two_step_train_gives_a_finite_loss_and_moves_parameters(checkpoint, lor
         adapter = load_file(saved / "adapter" / "adapter_model.safetensors")
         assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in adapter.items())
         assert not any("transformer.ff_out" in k and "blocks" not in k for k in adapter)  # never the LM head
+        assert not any("mlp.gate." in k for k in adapter)  # never the router
     else:
-        a, b = load_file(path / "model.safetensors"), load_file(saved / "model.safetensors")
+        a, b = read_weights(path), read_weights(saved)  # single or sharded safetensors
         assert set(a) == set(b)  # the official weight names are kept
         assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) > 0
+        if family == "llada2":  # full fine-tuning trains the router; its expert_bias is a buffer
+            assert (a["model.layers.1.mlp.gate.weight"] != b["model.layers.1.mlp.gate.weight"]).any()
+            assert torch.equal(a["model.layers.1.mlp.gate.expert_bias"], b["model.layers.1.mlp.gate.expert_bias"])
     reloaded = ddrl.load_model(saved)
     assert reloaded.family == family
 
@@ -137,12 +146,13 @@ def test_diffusion_gemma_two_step_train(lora, tmp_path):
     ("dream", ["--sampler", "dream", "--alg", "entropy", "--top-p", "0.95"]),
     ("sdar", ["--remasking", "sdar_dynamic", "--threshold", "0.9"]),
     ("llada", ["--cache", "dual"]),
+    ("llada2", []),  # rollout.name auto: the block sampler (2.0); 2.1's is checked in test_native_llada2
 ])
 def test_eval_json_runs_each_family_with_its_own_sampler(family, sampler_args, capsys):
     """`ddrl eval --json` on an official-format directory, with the family's own sampler settings."""
     from ddrl.cli import main
 
-    code = main(["eval", "--model", str(FIXTURES / family / "model"), "--task", "tests.integration.text_task:make",
+    code = main(["eval", "--model", str(FIXTURES / MODEL_DIRS.get(family, f"{family}/model")), "--task", "tests.integration.text_task:make",
                  "--n", "2", "--steps", "8", "--gen-length", "8", "--json", *sampler_args])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code in (0, None) and result["n"] == 2 and 0.0 <= result["mean_reward"] <= 1.0

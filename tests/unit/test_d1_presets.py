@@ -5,8 +5,10 @@ Golden data from tests/fixtures/make_d1_rewards.py:
     each function's score; and d1's evaluation verdict (eval/parse_and_get_acc.py) on the same;
   - prompts.json: the training prompts d1's data_utils builds and the evaluation prompts
     (user message + pre-fill) its eval datasets build.
-d1's published generations (LLaDA-8B-Instruct's own outputs) are d1's data and are not committed:
-bench/check_d1_generations.py checks the preset's verdict on all 6,426 of them (bench/RESULTS.md).
+d1's published generations (LLaDA-8B-Instruct's own outputs): bench/check_d1_generations.py checks
+the preset's verdict on all 6,426 of them (bench/RESULTS.md), outside the repository; a subset of
+MATH-500's with d1's verdicts is committed (tests/fixtures/d1_published/, make_d1_published.py) and
+checked here through the task, from the data file to the verdict.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from ddrl.tasks import get_task
 from ddrl.tasks.base import ChatPrompt
 from ddrl.tasks.presets import get_preset, presets
 
@@ -91,6 +94,28 @@ def test_metric_matches_d1_parser_on_edge_cases(task):
     want = [r["eval"]["verdict"] for r in rows]
     wrong = [(r["completion"], g, w) for r, g, w in zip(rows, got, want) if g != w]
     assert not wrong, wrong
+
+
+def test_math500_task_gives_d1s_verdict_on_published_generations(tmp_path):
+    """LLaDA-8B-Instruct's own MATH-500 generations, read as a user runs them: the test file holds
+    the published question and ground truth, `preset="d1"` scores the published generation. Among
+    them math500 gen 128 item 238: gold "58,500", generation \\boxed{58500}, wrong for d1."""
+    published = json.loads((FIXTURE.parent / "d1_published" / "math500.json").read_text())
+    assert published["meta"]["commit"] == "837888f"
+    items = published["items"]
+    assert any(x["gen_length"] == 128 and x["index"] == 238 and x["ground_truth"] == "58,500"
+               and x["verdict"] == 0.0 for x in items)
+    for gen_length in sorted({x["gen_length"] for x in items}):
+        group = [x for x in items if x["gen_length"] == gen_length]
+        path = tmp_path / f"math500_{gen_length}.jsonl"
+        path.write_text("".join(json.dumps({"problem": x["question"], "answer": x["ground_truth"]}) + "\n"
+                                for x in group))
+        task = get_task("math500", test_path=str(path), preset="d1")
+        examples = task.all_test_examples()
+        columns = {k: [e[k] for e in examples] for k in examples[0] if k != "prompt"}
+        got = task.metric([x["generations"] for x in group], **columns)
+        wrong = [(x["index"], x["ground_truth"], g, x["verdict"]) for x, g in zip(group, got) if g != x["verdict"]]
+        assert not wrong, (gen_length, wrong)
 
 
 def test_countdown_boxed_answer_counts_in_the_metric_not_in_the_reward():

@@ -533,6 +533,32 @@ def test_udm_with_real_uniform_process():
     assert out.seq_logp.shape == (2,) and torch.isfinite(out.seq_logp).all()
 
 
+def test_udm_states_grid_or_levels():
+    """grid: num_timesteps consecutive steps of the rollout grid from start ~ U{lo .. hi - 1} (UDM-GRPO as
+    released), the default on a metric-path process; levels: U[t_min, t_max] (the default elsewhere)."""
+    import ddrl.processes.uniform as uniform_mod
+    from ddrl.processes.metric_path import MetricPathProcess
+
+    uniform = uniform_mod.UniformProcess(8, 2, "linear")
+    metric = MetricPathProcess(8, 2, codebook=torch.randn(8, 3, generator=torch.Generator().manual_seed(0)), shift=3.0)
+    assert UDM().resolved_states(uniform) == "levels" and UDM().resolved_states(metric) == "grid"
+    assert UDM(t_values=[0.5]).resolved_states(metric) == "levels"
+    est = UDM(states="grid", grid_steps=4, grid_start=[1, 2], num_timesteps=2)
+    torch.testing.assert_close(est.timesteps(0, uniform), torch.tensor([0.75, 0.5]))  # t = 1 - i / 4, i = 1, 2
+    flow = metric.inference_flow_times(10)
+    for seed in range(8):
+        start = UDM().grid_start_index(seed)
+        assert start in (0, 1, 2)
+        torch.testing.assert_close(UDM().timesteps(seed, metric), (1 - flow[start:start + 3]).float())
+    levels = UDM(states="levels").timesteps(3, metric)
+    assert levels.shape == (3,) and bool(((levels >= 0.6) & (levels <= 1.0)).all())
+    for bad, match in (({"states": "steps"}, "choose one of grid, levels"),
+                       ({"grid_start": [0, 9]}, "stay on the grid"),
+                       ({"states": "grid", "t_values": [0.5]}, "states='levels'")):
+        with pytest.raises(ValueError, match=match):
+            UDM(**bad)
+
+
 # ----------------------------------------------------------------------------------------------- staircase
 
 

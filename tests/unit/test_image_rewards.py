@@ -9,28 +9,12 @@ import torch
 from ddrl.rewards import CompositeReward
 from ddrl.rewards.model_based import CLIPImageReward, clip_score_reward, pickscore_reward
 from ddrl.rewards.pixels import to_pil, to_uint8
+from tests.tiny_clip import write_tiny_clip
 
 
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory):
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
-
-    out = tmp_path_factory.mktemp("clip")
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for c in "abcdefghijklmnopqrstuvwxyz":
-        vocab[c], vocab[c + "</w>"] = len(vocab), len(vocab) + 1
-    processor = CLIPProcessor(tokenizer=CLIPTokenizer(vocab=vocab, merges=[]),
-                              image_processor=CLIPImageProcessor(size={"shortest_edge": 16},
-                                                                 crop_size={"height": 16, "width": 16}))
-    config = CLIPConfig(text_config=dict(vocab_size=len(vocab), hidden_size=16, intermediate_size=32,
-                                         num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=77,
-                                         bos_token_id=0, eos_token_id=1, pad_token_id=1),
-                        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                           num_attention_heads=2, image_size=16, patch_size=8), projection_dim=8)
-    torch.manual_seed(0)
-    CLIPModel(config).save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
+    return write_tiny_clip(tmp_path_factory.mktemp("clip"))
 
 
 def test_pickscore_is_logit_scale_times_cosine_over_26(clip_dir):

@@ -137,12 +137,15 @@ def test_none_and_zero_keep_every_position():
         assert full.shape == (3, 12, V)
 
 
-def test_out_of_range_requests_are_errors():
+def test_out_of_range_requests_are_errors(monkeypatch):
     lm = denoiser_lm()
     ids, _ = ids_and_mask(V)
     with pytest.raises(ValueError, match=r"logits_to_keep=13 must be in \[1, T=12\]"):
         lm(ids, logits_to_keep=13)
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(RuntimeError, match="outside"):  # queued on the device (ddrl.ops.value_checks)
+        lm(ids, logits_to_keep=torch.tensor([12]))
+    monkeypatch.setenv("DDRL_SYNC_CHECKS", "1")  # debugging: read at once, the values named
+    with pytest.raises(ValueError, match=r"outside \[0, 12\).*min 12, max 12"):
         lm(ids, logits_to_keep=torch.tensor([12]))
     with pytest.raises(ValueError, match="1-D long tensor"):
         lm(ids, logits_to_keep=torch.tensor([[1]]))

@@ -372,16 +372,24 @@ def test_mmada_image_codebook_slice_and_restriction(tmp_path, facts_of):
     from ddrl.registry import SAMPLERS
 
     facts_of("mmada")
-    d = write_standin(tmp_path / "mmada", mask_token_id=3, llm_vocab_size=20, codebook_size=8, num_new_special_tokens=2)
+    # As MMaDA-8B: the tokenizer (20 tokens) is shorter than the text rows (llm_vocab_size 24); codes follow the
+    # tokenizer (the authors' len(text_tokenizer) + code), not llm_vocab_size + num_new_special_tokens (= 26).
+    d = write_standin(tmp_path / "mmada", vocab_size=32, mask_token_id=3, llm_vocab_size=24, codebook_size=8,
+                      num_new_special_tokens=2, tokenizer=None)
+    write_llama_tokenizer(d, 20)
     model = load_model(d).eval()
-    assert model.image_token_range == (22, 30) and model.logits_range is None
+    assert model.image_token_range == (20, 28)
     ids = torch.tensor([[2, 4, 5]])
     logits = model(ids).logits
-    assert torch.equal(model.image_logits(logits), logits[..., 22:30])
+    assert torch.equal(model.image_logits(logits), logits[..., 20:28])
     model.logits_range = model.image_token_range  # generate image tokens only, in vocabulary ids
     out = SAMPLERS.get("masked")(model, ids, None, SamplerConfig(steps=4, gen_length=4, temperature=1.0),
                                  generator=torch.Generator().manual_seed(0))
-    assert ((out.completion_ids >= 22) & (out.completion_ids < 30)).all()
+    assert ((out.completion_ids >= 20) & (out.completion_ids < 28)).all()
+    assert load_model(d, mask_token_id=3).image_token_range == (20, 28)
+    write_llama_tokenizer(d, 30)  # a tokenizer too long for the codebook to fit in the vocabulary
+    with pytest.raises(ValueError, match=r"end at id 38, past the model's vocab_size=32"):
+        load_model(d)
 
 
 # --------------------------------------------------------------------------------------------

@@ -125,6 +125,37 @@ def test_math500_reads_math_rows_answer_first_then_boxed_solution(tmp_path):
     assert task.metric(texts, **columns_of([test, test])) == [1.0, 0.0]  # Task.metric: correct as 0/1
 
 
+def test_math500_keeps_commas_that_are_not_thousands_separators(tmp_path):
+    """Issue 23 item 2: an interval's commas survive loading; a whole number loses its separators,
+    except with preset="d1", whose parser compares against MATH-500's answer as written."""
+    rows = [{"problem": "Where is $\\log(2-\\log(x-2))$ defined?", "answer": "(2,12) \\cup (12,102)"},
+            {"problem": "How many license plates?", "answer": "58,500"}]
+    path = write_jsonl(tmp_path / "test.jsonl", rows)
+    interval, plain_number, grouped = ("<answer>\\boxed{(2,12) \\cup (12,102)}</answer>", "<answer>\\boxed{58500}</answer>",
+                                       "<answer>\\boxed{58,500}</answer>")
+    own = get_task("math500", test_path=path)
+    ex = own.all_test_examples()
+    assert [e["answer"] for e in ex] == ["(2,12) \\cup (12,102)", "58500"]
+    assert own.metric([interval, plain_number], **columns_of(ex)) == [1.0, 1.0]
+    assert own.metric([grouped, interval], **columns_of(ex)) == [0.0, 0.0]
+    d1 = get_task("math500", test_path=path, preset="d1")
+    ex = d1.all_test_examples()
+    assert [e["answer"] for e in ex] == ["(2,12) \\cup (12,102)", "58,500"]  # as the file writes it
+    assert d1.metric([interval, plain_number], **columns_of(ex)) == [1.0, 0.0]  # d1's verdicts (math500 gen 128 #238)
+    assert d1.metric([interval, grouped], **columns_of(ex)) == [1.0, 1.0]
+
+
+def test_preset_reads_the_gsm8k_answer_as_written(tmp_path):
+    """d1 trains GSM8K on the text after '####' as written: "1,000" is its gold, not "1000"."""
+    row = {"question": "Two crates of 500?", "answer": "500 + 500 = 1000.\n#### 1,000"}
+    task = get_task("gsm8k", test_path=write_jsonl(tmp_path / "test.jsonl", [row]), preset="d1")
+    (ex,) = task.all_test_examples()
+    assert ex["answer"] == row["answer"]
+    texts = [f"<reasoning>\nadd\n</reasoning>\n<answer>\n{a}\n</answer>\n" for a in ("1,000", "1000")]
+    task.reward(texts, **columns_of([ex, ex]))
+    assert task.reward_parts["correctness"] == [1.0, 0.0]  # d1: answer == extract_hash_answer(solution)
+
+
 # --------------------------------------------------------------------------- countdown
 
 
@@ -307,8 +338,10 @@ def test_preset_supplies_prompt_reward_and_metric(tmp_path, test_presets):
     tr, te = task.train_examples(2), task.test_examples(2)
     assert all(e["prompt"] == ChatPrompt(user=f"TRAIN {e['question']}", system="sys") for e in tr)
     assert all(e["prompt"] == ChatPrompt(user=f"EVAL {e['question']}", prefill="<reasoning>") for e in te)
-    assert [{k: v for k, v in e.items() if k != "prompt"} for e in te] == \
-        [{k: v for k, v in e.items() if k != "prompt"} for e in plain.test_examples(2)]
+    # the same examples, except that a preset gets the answer as the file writes it (its paper parses it)
+    by_question = {r["question"]: r["answer"] for r in gsm8k_rows(10, 12)}
+    assert [{**{k: v for k, v in e.items() if k != "prompt"}, "answer": by_question[e["question"]]}
+            for e in plain.test_examples(2)] == [{k: v for k, v in e.items() if k != "prompt"} for e in te]
     texts, cols = ["yes", "no!"], columns_of(te)
     assert task.reward(texts, **cols) == pytest.approx([0.3, 0.3]) and test_presets[-1] == ["answer", "question"]
     assert task.metric(texts, **cols) == [1.0, 0.25]

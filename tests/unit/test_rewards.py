@@ -68,6 +68,22 @@ def test_gold_answer_conventions():
     assert gold_answer("  $42$ ") == "42" and gold_answer(None) is None and gold_answer("") is None
 
 
+@pytest.mark.parametrize("gold, bare", [
+    ("58,500", "58500"), ("$-1,234,567.25$", "-1234567.25"), ("Total.\n#### 1,000", "1000"),
+    ("(2,12) \\cup (12,102)", "(2,12) \\cup (12,102)"),  # a comma between things, not a separator
+    ("3, 5, 7", "3, 5, 7"), ("-2,1", "-2,1"), ("(1,000, 2)", "(1,000, 2)"), ("1,0000", "1,0000"),
+    ("So $x \\in \\boxed{(2,12) \\cup (12,102)}$.", "(2,12) \\cup (12,102)"),
+])
+def test_gold_answer_drops_thousands_separators_only_from_a_whole_number(gold, bare):
+    assert gold_answer(gold) == bare
+
+
+def test_interval_gold_with_commas_scores_the_right_interval():
+    right, wrong = "<answer>\\boxed{(2,12) \\cup (12,102)}</answer>", "<answer>(2,12) \\cup (12102)</answer>"
+    assert math_correct(right, "(2,12) \\cup (12,102)") == 1.0
+    assert math_correct(wrong, "(2,12) \\cup (12,102)") == 0.0
+
+
 @pytest.mark.parametrize("completion,gold,expected", [
     ("<answer>0.5</answer>", "1/2", 1.0),
     ("<answer>1/2</answer>", "0.5", 1.0),

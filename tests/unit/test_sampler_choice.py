@@ -40,6 +40,10 @@ def test_auto_is_the_default_and_picks_the_familys_sampler(sdar, dream, llada):
     assert resolve_sampler(gemma, "auto") == "diffusion_gemma"
     uniform = SimpleNamespace(family="ddrl", process_spec={"name": "uniform"}, block_size=None)
     assert resolve_sampler(uniform, "auto") == "uniform"
+    ursa = ddrl.load_model(FIXTURES / "ursa" / "model")
+    assert resolve_sampler(ursa, "auto") == "metric_path"
+    with pytest.raises(ValueError, match=r"rollout.name='masked' does not fit this ursa model.*'metric_path'"):
+        resolve_sampler(ursa, "masked")
 
 
 def test_a_sampler_that_contradicts_the_family_is_refused_with_the_right_name(sdar, dream, llada):

@@ -367,7 +367,9 @@ def test_threshold_decoding_reads_one_flag_per_step():
                            return_trajectory=True)
     calls = traj.token_probs.shape[1]
     blocks = 2
-    assert log.syncs == calls + blocks  # after each call, and once more to end each block: "a mask left?"
+    # After each call, and once more to end each block: "a mask left?"; once per call: "is the prompt
+    # mask all ones?" (ddrl.sampling.masked "Host reads").
+    assert log.syncs == calls + blocks + 1
 
 
 # --------------------------------------------------------------------------------------------

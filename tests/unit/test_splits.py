@@ -86,6 +86,18 @@ def make_task(name: str, tmp_path: Path, **kwargs: Any):
                         test_path=_jsonl(tmp_path / "c_test.jsonl", _countdown(500, 540)), **kwargs)
     if name == "mbpp":
         return get_task(name, path=_jsonl(tmp_path / "mbpp.jsonl", _mbpp_rows()), **kwargs)
+    if name == "text_to_image":
+        train, test = tmp_path / "t2i_train.txt", tmp_path / "t2i_test.jsonl"
+        train.write_text("".join(f"a photo of {i} cats\n" for i in range(200)))
+        _jsonl(test, [{"tag": "counting", "include": [{"class": "cat", "count": i}], "prompt": f"a photo of {i} cats"}
+                      for i in range(150, 190)])  # overlaps train: those prompts leave train
+        return get_task(name, image_grid=[4, 4], reward=lambda completions, **_: [0.0] * len(completions),
+                        train_path=str(train), test_path=str(test), **kwargs)
+    if name == "dna_enhancer":
+        from tests.unit.test_dna_task import CountOracle, write_gosai_csv
+
+        data = write_gosai_csv(tmp_path / "gosai.csv", n=300)
+        return get_task(name, path=str(data), split="hash", test_fraction=0.2, oracle=CountOracle(), **kwargs)
     if name == "sudoku":
         return get_task(name, min_empty=30, max_empty=40, **kwargs)
     return get_task(name, **kwargs)
@@ -94,7 +106,7 @@ def make_task(name: str, tmp_path: Path, **kwargs: Any):
 # how many examples each split is asked for (9x9 Sudoku and Countdown generation is slow)
 SIZES = {"sudoku": 2, "countdown": 4, "mini_sudoku": 16, "gsm_symbolic": 20}
 PROCEDURAL = ["mini_sudoku", "sudoku", "countdown", "gsm_symbolic"]
-FILE_TASKS = ["gsm8k", "math500", "sudoku4x4", "countdown_file", "mbpp"]
+FILE_TASKS = ["gsm8k", "math500", "sudoku4x4", "countdown_file", "mbpp", "text_to_image", "dna_enhancer"]
 SPECIAL = ["digits", "humaneval"]  # the same ten class prompts in every split; test-only
 ALL = PROCEDURAL + FILE_TASKS + SPECIAL
 

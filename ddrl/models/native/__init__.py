@@ -4,7 +4,7 @@ Each family module registers its backbone class in NATIVE_FAMILIES; importing th
 imports them all, so a lookup by family name finds every one.
 """
 
-from ddrl.models.native import dream, llada, sdar  # noqa: F401  (register dream, llada, mmada, sdar)
+from ddrl.models.native import dream, llada, llada2, sdar, ursa  # noqa: F401  (register dream, llada, llada2, mmada, sdar, ursa)
 from ddrl.models.native.base import NATIVE_FAMILIES, BackboneOutput
 
 __all__ = ["NATIVE_FAMILIES", "BackboneOutput"]

@@ -74,47 +74,50 @@ class BackboneOutput:
 # --------------------------------------------------------------------------------------------
 
 
-def weight_files(directory: Path) -> list[Path]:
-    """The safetensors files of a checkpoint directory (the index's shards, or model.safetensors)."""
-    index = directory / SAFETENSORS_INDEX
+def weight_files(directory: Path, file: str = SAFETENSORS_FILE) -> list[Path]:
+    """The safetensors files of a checkpoint directory (the index's shards, or the single file).
+    file: the single file's name; its index is FILE.index.json (diffusers' components name theirs
+    diffusion_pytorch_model.safetensors)."""
+    index = directory / f"{file}.index.json"
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         missing = [s for s in shards if not (directory / s).is_file()]
         if missing:
-            raise ModelDirectoryError(f"{str(directory)!r}: {SAFETENSORS_INDEX} names shards that are not there: "
+            raise ModelDirectoryError(f"{str(directory)!r}: {index.name} names shards that are not there: "
                                       f"{missing}; copy the whole checkpoint directory")
         return [directory / s for s in shards]
-    if (directory / SAFETENSORS_FILE).is_file():
-        return [directory / SAFETENSORS_FILE]
-    raise ModelDirectoryError(f"{str(directory)!r} has no {SAFETENSORS_FILE} or {SAFETENSORS_INDEX}; native families "
+    if (directory / file).is_file():
+        return [directory / file]
+    raise ModelDirectoryError(f"{str(directory)!r} has no {file} or {index.name}; native families "
                               f"read safetensors weights (convert a pytorch_model.bin with safetensors first)")
 
 
-def weight_names(directory: Path) -> set[str]:
+def weight_names(directory: Path, file: str = SAFETENSORS_FILE) -> set[str]:
     """The tensor names of the checkpoint, read from the safetensors headers only (no tensor data),
     so a directory of the wrong family fails before gigabytes are read."""
     names: set[str] = set()
-    for file in weight_files(directory):
-        with safe_open(str(file), framework="pt") as f:
+    for path in weight_files(directory, file):
+        with safe_open(str(path), framework="pt") as f:
             names.update(f.keys())
     return names
 
 
-def read_weights(directory: Path) -> dict[str, Tensor]:
+def read_weights(directory: Path, file: str = SAFETENSORS_FILE) -> dict[str, Tensor]:
     """Every tensor of the checkpoint, keyed by the authors' weight names (meta tensors of the
     stored shapes under `with torch.device("meta")`: no tensor data is read)."""
     state: dict[str, Tensor] = {}
-    for file in weight_files(directory):
-        state.update(read_safetensors(file))  # headers only under torch.device("meta")
+    for path in weight_files(directory, file):
+        state.update(read_safetensors(path))  # headers only under torch.device("meta")
     return state
 
 
-def write_weights(directory: Path, state: dict[str, Tensor], *, shard_bytes: int = _SHARD_BYTES) -> None:
-    """Write `state` as model.safetensors, or as hub-style shards + index when it is larger than shard_bytes."""
+def write_weights(directory: Path, state: dict[str, Tensor], *, shard_bytes: int = _SHARD_BYTES,
+                  file: str = SAFETENSORS_FILE) -> None:
+    """Write `state` as FILE (model.safetensors), or as hub-style shards + index when it is larger than shard_bytes."""
     state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     total = sum(v.numel() * v.element_size() for v in state.values())
     if total <= shard_bytes:
-        save_file(state, str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
+        save_file(state, str(directory / file), metadata={"format": "pt"})
         return
     shards: list[dict[str, Tensor]] = [{}]
     size = 0
@@ -126,12 +129,13 @@ def write_weights(directory: Path, state: dict[str, Tensor], *, shard_bytes: int
         shards[-1][name] = tensor
         size += nbytes
     weight_map = {}
+    stem = file.removesuffix(".safetensors")
     for i, shard in enumerate(shards):
-        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(directory / file), metadata={"format": "pt"})
-        weight_map.update({name: file for name in shard})
-    (directory / SAFETENSORS_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
-                                                          indent=2))
+        name = f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(directory / name), metadata={"format": "pt"})
+        weight_map.update({key: name for key in shard})
+    (directory / f"{file}.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                              "weight_map": weight_map}, indent=2))
 
 
 def check_weight_names(directory: Path, family: str, got: set[str], expected: set[str]) -> None:

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ddrl.models.io import ModelDirectoryError
+from ddrl.ops.value_checks import check_ids
 from ddrl.models.native.base import (
     QwenStyleBackbone,
     BackboneOutput,
@@ -229,17 +230,15 @@ class DreamBackbone(QwenStyleBackbone):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
         B, T = input_ids.shape
-        if ((input_ids < 0) | (input_ids >= self.config.vocab_size)).any():
-            raise ValueError(f"input_ids hold ids outside [0, vocab_size={self.config.vocab_size}) (min "
-                             f"{int(input_ids.min())}, max {int(input_ids.max())}); encode with this model's tokenizer")
+        check_ids(input_ids, self.config.vocab_size, "vocab_size")
         past_len = check_past(past_key_values, len(self.layers), B)
         explicit, valid, positions = attention_inputs(attention_mask, position_ids, B, T, past_len, input_ids.device)
         if explicit is not None:
             mask = finish_mask(explicit)
-        elif valid is not None and not bool(valid.all()):
+        elif valid is not None:  # used as given, all ones included: asking would read the device every call
             mask = finish_mask(valid[:, None, None, :].expand(B, 1, T, past_len + T))
         else:
-            mask = None  # every key: the authors' "full" path, and SDPA's fastest kernel
+            mask = None  # no mask given: the authors' "full" path, and SDPA's fastest kernel
 
         h = self.model.embed_tokens(input_ids)  # [B, T, D]
         cos, sin = rotary(positions, self.config.head_dim, self.config.rope_theta, h.dtype)

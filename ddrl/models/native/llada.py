@@ -64,6 +64,7 @@ from torch import Tensor, nn
 
 from ddrl.models.io import ModelDirectoryError
 from ddrl.ops.logprobs import HeadLinear
+from ddrl.ops.value_checks import check_ids
 from ddrl.models.native.base import (
     LayerCheckpointing,
     BackboneOutput,
@@ -197,8 +198,9 @@ class LLaDAConfig:
 
 @dataclass
 class MMaDAConfig(LLaDAConfig):
-    """LLaDA's fields plus MMaDA's image-codebook facts. Image code c is token id
-    llm_vocab_size + num_new_special_tokens + c (image_token_offset + c)."""
+    """LLaDA's fields plus MMaDA's image-codebook facts. Image code c is token id len(tokenizer) + c,
+    which the config cannot know (ddrl.models.families.image_token_range); llm_vocab_size counts the
+    embedding's text rows, padded past the tokenizer."""
 
     llm_vocab_size: int = 0  # the text vocabulary (LLaDA's 126464 for MMaDA-8B)
     codebook_size: int = 0  # VQ codebook entries (8192 for MMaDA-8B)
@@ -206,14 +208,6 @@ class MMaDAConfig(LLaDAConfig):
     num_vq_tokens: int | None = None  # image tokens per image, when the config says
 
     model_type: ClassVar[str] = "mmada"
-
-    @property
-    def image_token_offset(self) -> int:
-        return self.llm_vocab_size + self.num_new_special_tokens
-
-    @property
-    def image_token_range(self) -> tuple[int, int]:
-        return self.image_token_offset, self.image_token_offset + self.codebook_size
 
     @classmethod
     def _extra_fields(cls, data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -271,9 +265,12 @@ class Rotary:
             self._tables[device] = (angles.cos().to(device), angles.sin().to(device))
         return self._tables[device]
 
-    def at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """positions [B, T] -> cos, sin [B, 1, T, Dh] (float32)."""
-        cos, sin = self.table(int(positions.max()) + 1 if positions.numel() else 0, positions.device)
+    def at(self, positions: Tensor, length: int) -> tuple[Tensor, Tensor]:
+        """positions [B, T], all below `length` -> cos, sin [B, 1, T, Dh] (float32).
+
+        The table's length comes from the call's shapes (T_past + T: positions counted over real
+        tokens stay below it), not from positions.max(), which would read the device every call."""
+        cos, sin = self.table(length, positions.device)
         return cos[positions][:, None], sin[positions][:, None]
 
     def rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -401,22 +398,20 @@ class LLaDABackbone(LayerCheckpointing, nn.Module):
             raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
         B, T = input_ids.shape
         past_len = check_past(past_key_values, self.config.n_layers, B)
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.embedding_size):
-            raise ValueError(f"input_ids hold ids outside [0, embedding_size={self.config.embedding_size}) (min "
-                             f"{int(input_ids.min())}, max {int(input_ids.max())}); encode with this model's tokenizer")
+        check_ids(input_ids, self.config.embedding_size, "embedding_size")
         explicit, valid, positions = attention_inputs(attention_mask, position_ids, B, T, past_len, input_ids.device)
         if explicit is not None:
             mask = finish_mask(explicit)
-        elif valid is not None and not bool(valid.all()):
+        elif valid is not None:  # used as given, all ones included: asking would read the device every call
             mask = finish_mask(valid[:, None, None, :])  # [B, 1, 1, T_keys]
         else:
-            mask = None  # every key is real: the same call as the hub code's unmasked one
+            mask = None  # no mask given: the hub code's unmasked call (and SDPA's fastest kernel)
 
         x = self.model.transformer["wte"](input_ids)  # [B, T, D]
         if self.config.input_emb_norm:
             x = x * (self.config.d_model ** 0.5)
         x = self.emb_drop(x)
-        cos, sin = self.rotary.at(positions)  # [B, 1, T, Dh]
+        cos, sin = self.rotary.at(positions, past_len + T)  # [B, 1, T, Dh]
         x, cache = run_layers(self.layers, x, self.rotary, cos, sin, mask, past_key_values=past_key_values,
                               use_cache=use_cache,
                               checkpointing=self.checkpointing_now)
@@ -458,7 +453,7 @@ class LLaDABackbone(LayerCheckpointing, nn.Module):
 class MMaDABackbone(LLaDABackbone):
     """MMaDA (config model_type "mmada", MMadaModelLM): the LLaDA backbone over text + image-codebook ids.
 
-    config.image_token_range is [first, end) of the image codes in the vocabulary."""
+    Its image codes start after the tokenizer (ddrl.models.families.image_token_range)."""
 
     family: ClassVar[str] = "mmada"
     config_class: ClassVar[type[LLaDAConfig]] = MMaDAConfig

@@ -14,7 +14,8 @@ bidirectional inside a block), the layout of SDAR's block_diffusion_generate (Je
 generate.py). The checkpoint's config.json names the block size `block_size` and the mask token
 `mask_token_id`.
 
-Numerics follow Gen-Verse/dLLM-RL's models/sdar/modeling_sdar.py (the code TraDo ships with):
+Numerics follow Gen-Verse/dLLM-RL's models/sdar/modeling_sdar.py (the code TraDo ships with); the layers are
+ddrl.models.native.qwen3's, shared with URSA:
   * RMSNorm is flash-attn's Triton rms_norm_fn: x and the weight in float32, y = x / sqrt(mean(x^2)
     + eps) * w, cast to x's dtype at the end (not Qwen3's weight * norm(x).to(dtype), which rounds
     to bf16 before the weight multiply);
@@ -37,11 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ddrl.processes.block import block_layout_mask
 from ddrl.models.io import ModelDirectoryError, write_json
+from ddrl.models.native.qwen3 import (Qwen3Attention, Qwen3Decoder, Qwen3DecoderLayer, Qwen3MLP, Qwen3RMSNorm,
+                                      additive_mask, rope_tables)
 from ddrl.models.native.base import (
     QwenStyleBackbone,
     head_output,
@@ -57,7 +59,6 @@ from ddrl.models.native.base import (
     read_config,
     read_weights,
     weight_names,
-    rotate_half,
     write_weights,
 )
 
@@ -132,85 +133,11 @@ class SDARConfig:
 
 
 # --------------------------------------------------------------------------------------------
-# Layers (module names = the checkpoint's weight names)
+# Layers: Qwen3's (ddrl.models.native.qwen3), shared with URSA
 # --------------------------------------------------------------------------------------------
 
-
-class SDARRMSNorm(nn.Module):
-    """flash-attn's rms_norm_fn: float32 inside, weight applied in float32, one cast at the end."""
-
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        rstd = 1 / torch.sqrt(xf.square().mean(dim=-1, keepdim=True) + self.eps)
-        return (xf * rstd * self.weight.float()).to(x.dtype)
-
-
-class SDARAttention(nn.Module):
-    def __init__(self, cfg: SDARConfig):
-        super().__init__()
-        self.head_dim = cfg.head_dim
-        self.groups = cfg.num_attention_heads // cfg.num_key_value_heads
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.attention_bias)
-        self.q_norm = SDARRMSNorm(cfg.head_dim, cfg.rms_norm_eps)  # per head, before RoPE (Qwen3)
-        self.k_norm = SDARRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-
-    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
-                past: tuple[Tensor, Tensor] | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        B, T, _ = h.shape
-        q = self.q_norm(self.q_proj(h).view(B, T, -1, self.head_dim)).transpose(1, 2)  # [B, H, T, Dh]
-        k = self.k_norm(self.k_proj(h).view(B, T, -1, self.head_dim)).transpose(1, 2)  # [B, H_kv, T, Dh]
-        v = self.v_proj(h).view(B, T, -1, self.head_dim).transpose(1, 2)  # [B, H_kv, T, Dh]
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # [B, H_kv, T_past + T, Dh]
-        out = F.scaled_dot_product_attention(q, k.repeat_interleave(self.groups, dim=1),
-                                             v.repeat_interleave(self.groups, dim=1), attn_mask=mask,
-                                             scale=self.head_dim ** -0.5)  # [B, H, T, Dh]
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1)), (k, v)
-
-
-class SDARMLP(nn.Module):
-    def __init__(self, cfg: SDARConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class SDARDecoderLayer(nn.Module):
-    def __init__(self, cfg: SDARConfig):
-        super().__init__()
-        self.self_attn = SDARAttention(cfg)
-        self.mlp = SDARMLP(cfg)
-        self.input_layernorm = SDARRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = SDARRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
-                past: tuple[Tensor, Tensor] | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        a, kv = self.self_attn(self.input_layernorm(h), cos, sin, mask, past)
-        h = h + a
-        return h + self.mlp(self.post_attention_layernorm(h)), kv
-
-
-class SDARDecoder(nn.Module):
-    """The `model.` prefix of the checkpoint's weight names: embeddings, layers, final norm."""
-
-    def __init__(self, cfg: SDARConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
-        self.layers = nn.ModuleList(SDARDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = SDARRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+SDARRMSNorm, SDARAttention, SDARMLP = Qwen3RMSNorm, Qwen3Attention, Qwen3MLP
+SDARDecoderLayer, SDARDecoder = Qwen3DecoderLayer, Qwen3Decoder
 
 
 # --------------------------------------------------------------------------------------------
@@ -243,8 +170,7 @@ class SDARBackbone(QwenStyleBackbone):
         mask, positions = self._attention(attention_mask, position_ids, B, T, past_len, input_ids.device)
         h = self.model.embed_tokens(input_ids)  # [B, T, D]
         cos, sin = self._rotary(positions, h.dtype)
-        additive = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill(~mask, torch.finfo(h.dtype).min)
-        h, cache = run_layers(self.layers, h, cos, sin, additive, past_key_values=past_key_values,
+        h, cache = run_layers(self.layers, h, cos, sin, additive_mask(mask, h.dtype), past_key_values=past_key_values,
                               use_cache=use_cache,
                               checkpointing=self.checkpointing_now)
         hidden = self.model.norm(h)  # [B, T, D]
@@ -279,9 +205,7 @@ class SDARBackbone(QwenStyleBackbone):
         dim = self.config.head_dim
         inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64,
                                                                    device=positions.device).float() / dim))
-        freqs = positions.float()[..., None] * inv_freq  # [B, T, Dh/2]
-        angles = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, T, Dh]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        return rope_tables(positions.float()[..., None] * inv_freq, dtype)  # angles [B, T, Dh/2]
 
     # ------------------------------------------------------------------ persistence (official layout)
 

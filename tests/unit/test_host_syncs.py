@@ -1,0 +1,165 @@
+"""No host syncs per denoising step, and none in an estimator's forward + backward (issue 27, item 4).
+
+A host read of a device value stops the CPU until the GPU has run everything queued before it; in
+a decode step of ~512 tokens that wait, and the launch gap after it, cost more than the step. No
+GPU is needed to find them: every read of a tensor's value (.item(), int(t), bool(t), .tolist(),
+an `if` on a tensor) dispatches `aten._local_scalar_dense`, and the ops whose output size depends on
+values (nonzero, masked_select, boolean indexing) read a count on the GPU. HostReads counts both
+kinds under a TorchDispatchMode while the CPU runs the real code.
+
+What is pinned:
+  * the masked sampler's fixed-count path on the native LLaDA and Dream fixtures (no cache, prefix
+    and dual caches): the reads do not grow with the number of steps, and their number per call is
+    exactly the one the sampler documents (ddrl.sampling.masked "Host reads": the noise seeds, one
+    read per call, only when sampling), so the model calls themselves read nothing;
+  * the estimators' scoring call (ddrl.estimators.common.forward_logprobs, the model's fused
+    log-prob path through ddrl.ops.logprobs.target_logprobs), forward and backward: no read
+    without a scored-position mask; with one, exactly one (the count of scored positions, the
+    price of running the LM head on those only), none in backward.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import ddrl
+from ddrl.config import SamplerConfig
+from ddrl.estimators.common import forward_logprobs
+from ddrl.ops.logprobs import target_logprobs
+from ddrl.sampling.masked import sample_masked
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+class HostReads:
+    """Counts the ops that make the host wait for a device value, in call order (names in `ops`).
+
+    Two modes: the dispatcher sees every value read and data-dependent size; .tolist() and .numpy()
+    copy the data out without dispatching a read op on the CPU, so the torch-function level counts them."""
+
+    VALUE_READS = {"_local_scalar_dense"}  # .item(), int(), float(), bool() of a tensor, `if tensor:`
+    SIZE_READS = {"nonzero", "masked_select", "unique", "_unique2", "unique_consecutive"}  # output size from values
+    COPIES_OUT = {"tolist", "numpy"}
+
+    def __init__(self):
+        self.ops: list[str] = []
+        self._modes = (_FunctionLevel(self), _DispatchLevel(self))
+
+    def __enter__(self) -> "HostReads":
+        for mode in self._modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for mode in reversed(self._modes):
+            mode.__exit__(*exc)
+
+
+class _FunctionLevel(TorchFunctionMode):
+    def __init__(self, log: HostReads):
+        super().__init__()
+        self.log = log
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) in HostReads.COPIES_OUT:
+            self.log.ops.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+class _DispatchLevel(TorchDispatchMode):
+    def __init__(self, log: HostReads):
+        super().__init__()
+        self.log = log
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in HostReads.VALUE_READS or name in HostReads.SIZE_READS or _boolean_index(name, args):
+            self.log.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _boolean_index(name: str, args: tuple) -> bool:
+    """x[mask] and x[mask] = v: a boolean index is turned into positions (a nonzero) inside the kernel."""
+    if name not in ("index", "index_put", "index_put_", "_index_put_impl_"):
+        return False
+    indices = args[1] if len(args) > 1 else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
+
+
+@pytest.fixture(scope="module", params=["llada", "dream"])
+def native(request):
+    return ddrl.load_model(FIXTURES / request.param / "model", dtype=torch.float32).eval()
+
+
+def prompts(model, padded: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two prompts, the first left-padded when `padded` (the attention mask is then used)."""
+    pad = model.pad_token_id  # 121 (LLaDA), 100 (Dream): not one of the prompt's ids
+    ids = torch.tensor([[pad, pad, 5, 6, 7] if padded else [3, 4, 5, 6, 7], [8, 9, 10, 11, 12]])
+    return ids, ids != pad
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("padded", [True, False])
+def test_fixed_count_sampling_reads_nothing_per_step(native, cache, temperature, padded):
+    ids, mask = prompts(native, padded)
+    reads = []
+    for steps in (4, 16):
+        cfg = SamplerConfig(steps=steps, gen_length=16, block_length=8, temperature=temperature, cache=cache,
+                            early_exit=False)
+        with HostReads() as log:
+            out = sample_masked(native, ids, mask, cfg, generator=torch.Generator().manual_seed(0))
+        assert out.nfe == steps
+        reads.append(log.ops)
+    # Per call (ddrl.sampling.masked "Host reads"): whether the prompt mask is all ones, and the noise
+    # seeds when sampling (one tolist of the generators' draws). Nothing per step or per block.
+    expected = ["_local_scalar_dense"] + (["tolist"] if temperature > 0 else [])
+    assert reads == [expected, expected], reads
+
+
+def test_the_estimators_scoring_call_reads_nothing_forward_and_backward(native):
+    ids, mask = prompts(native)
+    L = 6
+    g = torch.Generator().manual_seed(0)
+    completion = torch.randint(0, 100, (2, L), generator=g)
+    noised = completion.masked_fill(torch.rand(2, L, generator=g) < 0.5, native.mask_token_id)
+    scored = torch.tensor([[True, False, True, True, False, True], [False, True, True, False, True, True]])
+    for where, expected in ((None, []), (scored, ["nonzero"])):
+        native.zero_grad()
+        with HostReads() as log:
+            lp = forward_logprobs(native, ids, mask, noised, completion, scored=where)
+            forward_reads = list(log.ops)
+            lp.sum().backward()
+        assert forward_reads == expected, forward_reads  # the scored count, read once before the model call
+        assert log.ops == expected, log.ops  # backward reads nothing
+        assert all(p.grad is not None for p in native.parameters() if p.requires_grad)
+
+
+def test_target_logprobs_reads_nothing_forward_and_backward():
+    g = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(8, 50)
+    hidden = torch.randn(3, 7, 8, generator=g, requires_grad=True)
+    targets = torch.randint(0, 50, (3, 7), generator=g)
+    suppressed = torch.zeros(50, dtype=torch.bool)
+    suppressed[49] = True
+    with HostReads() as log:
+        lp = target_logprobs(hidden, targets, head, vocab=50, suppressed=suppressed, chunk=4, backend="torch")
+        lp.sum().backward()
+    assert log.ops == []
+    assert hidden.grad is not None and head.weight.grad is not None
+
+
+def test_out_of_range_ids_are_still_refused(native, monkeypatch):
+    """The input check stays, queued on the device (ddrl.ops.value_checks); DDRL_SYNC_CHECKS=1 reads it at
+    once and names the values."""
+    bad = torch.tensor([[3, 4, native.vocab_size + 5]])
+    with pytest.raises(RuntimeError, match="input_ids hold ids outside"):
+        native(bad)
+    monkeypatch.setenv("DDRL_SYNC_CHECKS", "1")
+    with pytest.raises(ValueError, match=rf"outside .*max {native.vocab_size + 5}"):
+        native(bad)
