@@ -111,8 +111,11 @@ LLADA_8B = ModelShape(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn=
 QWEN25_7B = ModelShape(d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, ffn=18944, vocab=152064)  # Dream, DiffuCoder
 # URSA-1.7B: Qwen3-1.7B's blocks; its vocabulary adds the IBQ image codes (approximate: 2**17 codes)
 URSA_1_7B = ModelShape(d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8, ffn=6144, vocab=151936 + 131072)
+# SEPO's DRAKES MDLM DNA CNN (ddrl.models.native.mdlm_dna): 20 dilated convolutions of kernel 9 over 128
+# channels plus a time Dense each (~10 d^2 parameters), counted as blocks of that size (ffn 2d)
+MDLM_DNA = ModelShape(d_model=128, n_layers=20, n_heads=1, n_kv_heads=1, ffn=256, vocab=5)
 PLACEHOLDER_SHAPES = {"LLaDA-8B": LLADA_8B, "MMaDA-8B": LLADA_8B, "Dream-v0-Instruct-7B": QWEN25_7B,
-                      "DiffuCoder-7B": QWEN25_7B, "URSA-1.7B": URSA_1_7B}
+                      "DiffuCoder-7B": QWEN25_7B, "URSA-1.7B": URSA_1_7B, "mdlm_dna": MDLM_DNA}
 
 
 def shape_from_config(config: dict[str, Any]) -> ModelShape:
@@ -139,8 +142,9 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
 def model_shape(path: str) -> ModelShape:
     """The shape of model.path: its config.json, or a placeholder's published shape."""
     p = Path(path)
-    if (p / "config.json").is_file():
-        return shape_from_config(json.loads((p / "config.json").read_text()))
+    for config in (p / "config.json", p / "transformer" / "config.json"):  # a model, or a diffusers pipeline (URSA)
+        if config.is_file():
+            return shape_from_config(json.loads(config.read_text()))
     for name, shape in PLACEHOLDER_SHAPES.items():
         if name.lower() in p.name.lower():
             return shape
