@@ -108,7 +108,8 @@ class ModelShape:
 
 # Published config.json shapes of the models the paper recipes name with /path/to/... placeholders.
 LLADA_8B = ModelShape(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn=12288, vocab=126464)
-QWEN25_7B = ModelShape(d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, ffn=18944, vocab=152064)  # Dream, DiffuCoder
+# Dream-v0-7B and DiffuCoder-7B: Qwen2.5-7B's shape
+QWEN25_7B = ModelShape(d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, ffn=18944, vocab=152064)
 # URSA-1.7B: Qwen3-1.7B's blocks; its vocabulary adds the IBQ image codes (approximate: 2**17 codes)
 URSA_1_7B = ModelShape(d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8, ffn=6144, vocab=151936 + 131072)
 # SEPO's DRAKES MDLM DNA CNN (ddrl.models.native.mdlm_dna): 20 dilated convolutions of kernel 9 over 128
@@ -255,8 +256,8 @@ def estimate_memory(cfg: Any, shape: ModelShape, world_size: int, *, counts: Cou
     t = cfg.train
     setting = (f"{world_size} rank(s), strategy {strategy}{' + cpu_offload' if offload else ''}, "
                f"{P / 1e9:.2f}B params ({Pt / 1e6:.1f}M trainable), compute {'bf16' if bf16 else cfg.model.dtype}, "
-               f"gradient_checkpointing={cfg.model.gradient_checkpointing}, {t.prompts_per_step // world_size * t.group_size}"
-               f" rollout rows per rank")
+               f"gradient_checkpointing={cfg.model.gradient_checkpointing}, "
+               f"{t.prompts_per_step // world_size * t.group_size} rollout rows per rank")
     return MemoryEstimate(held, phases, host, setting)
 
 
@@ -309,7 +310,8 @@ def check_fits(estimate: MemoryEstimate, device_bytes: int | None) -> None:
     CPU) skips the check."""
     if device_bytes is None or estimate.total <= device_bytes:
         return
-    raise ValueError(f"the run needs ~{estimate.total / GB:.1f} GB per device, more than its {device_bytes / GB:.1f} GB:\n"
+    raise ValueError(f"the run needs ~{estimate.total / GB:.1f} GB per device, more than its "
+                     f"{device_bytes / GB:.1f} GB:\n"
                      f"{estimate.report()}\nTo fit: shard over more GPUs (torchrun --nproc_per_node N ... "
                      f"dist.strategy=fsdp), keep the training state in host memory (dist.strategy=fsdp "
                      f"dist.cpu_offload=true), model.gradient_checkpointing=true, a smaller train.micro_batch_size, "

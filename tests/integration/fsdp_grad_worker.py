@@ -43,7 +43,8 @@ def main(out: str) -> None:
         report[name] = None if g is None else {
             "dtensor": hasattr(g, "placements"), "placements": [f"Shard({pl.dim})" if isinstance(pl, Shard) else str(pl)
                                                           for pl in getattr(g, "placements", [])],
-            "dtype": str(g.dtype), "param_dtype": str(p.dtype), "local_shape": list(getattr(g, "to_local", lambda: g)().shape),
+            "dtype": str(g.dtype), "param_dtype": str(p.dtype),
+            "local_shape": list(getattr(g, "to_local", lambda: g)().shape),
             "param_local_shape": list(p.to_local().shape)}
     with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(report, f)

@@ -78,7 +78,8 @@ def test_dry_run_prints_every_paper_recipe_at_1_and_8_gpus(config):
 def test_the_cli_dry_run_reads_no_weights():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "ddrl", "train", "--dry-run",
-                           str(ROOT / "configs/paper/unigrpo_llada8b.yaml"), "--world-size", "8", "--gpu-memory", "141"],
+                           str(ROOT / "configs/paper/unigrpo_llada8b.yaml"), "--world-size", "8",
+                           "--gpu-memory", "141"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "8 rank(s), strategy fsdp" in done.stdout and "141 GB device" in done.stdout
