@@ -2,6 +2,7 @@
 
     ddrl pretrain CONFIG [key=value ...]      train a denoiser (masked / uniform / block) on task data
     ddrl train CONFIG [key=value ...]         RL fine-tuning; writes a run directory
+    ddrl train --dry-run CONFIG [key=value ...] [--world-size N]   per-rank GPU memory plan, no weights read
     ddrl eval --model DIR --task NAME [--n N] [--split test] [--json] [sampler overrides]
     ddrl eval --model DIR --task NAME --protocol d1 [--json]   a paper's evaluation (ddrl.eval.protocols)
     ddrl sample --model DIR --prompt TEXT [sampler overrides]
@@ -75,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="RL fine-tuning. `objective=NAME` switches the method (see `ddrl methods`).")
     p.add_argument("config", help="YAML config (e.g. configs/rl/stable_drl_mini_sudoku.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=20 objective=espo")
+    p.add_argument("--dry-run", dest="dry_run", action="store_true",
+                   help="print the per-rank GPU memory estimate and exit (no weights read; ddrl.training.memory)")
+    p.add_argument("--world-size", dest="world_size", type=int, default=1, help="with --dry-run: number of GPUs")
+    p.add_argument("--gpu-memory", dest="gpu_memory", type=float, default=80.0,
+                   help="with --dry-run: GB per GPU to compare against (80: A100/H100; 141: H200)")
 
     p = _command(sub, "eval", help="evaluate a model on a task",
                        description="Accuracy (pass@1), pass@k and mean reward on a task's held-out split.")
@@ -185,6 +191,11 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    if getattr(args, "dry_run", False):
+        from ddrl.training.memory import dry_run
+
+        print(dry_run(args.config, args.overrides, args.world_size, args.gpu_memory))
+        return 0
     from ddrl.training.trainer import train
 
     import os

@@ -206,6 +206,15 @@ class EvalConfig:
 class DistConfig:
     strategy: str = "auto"  # auto | none | ddp | fsdp (auto: ddp when launched by torchrun, else none)
     backend: str | None = None  # nccl | gloo; None = nccl on GPU, gloo on CPU
+    # FSDP2's CPUOffloadPolicy: weights, gradients and AdamW state live in (pinned) host memory and
+    # the optimizer steps on the CPU; each block is copied to the GPU for its forward/backward. What
+    # lets full fine-tuning of an 8B model fit one GPU (`ddrl train --dry-run` prints the plan); needs
+    # dist.strategy=fsdp, also in one process (a one-rank process group is made).
+    cpu_offload: bool = False
+    # collective timeout in seconds (init_process_group): a rank that waits longer in a collective is
+    # killed by the watchdog. NCCL's default, 10 minutes, is shorter than rank 0 writing a ~96 GB
+    # non-sharded 8B checkpoint (train.sharded_checkpoints=false) while the other ranks wait.
+    timeout: int = 1800
 
 
 @dataclass
@@ -542,6 +551,11 @@ def validate(cfg: Any) -> None:
         if t.group_filter is not None and (len(t.group_filter) != 2 or t.group_filter[0] > t.group_filter[1]):
             raise ConfigError(f"train.group_filter={t.group_filter} must be [lo, hi] with lo <= hi "
                               f"(e.g. [0.2, 0.8]), or null")
+        if t.minibatches > t.prompts_per_step:
+            raise ConfigError(f"train.minibatches={t.minibatches} is more than train.prompts_per_step="
+                              f"{t.prompts_per_step}: an optimizer step takes at least one whole prompt group "
+                              f"(on any number of processes); set train.minibatches <= {t.prompts_per_step} "
+                              f"(={t.prompts_per_step}: one group per optimizer step)")
         if t.prompts_per_step % t.minibatches:
             raise ConfigError(f"train.minibatches={t.minibatches} must divide train.prompts_per_step="
                               f"{t.prompts_per_step}: each optimizer step takes whole prompt groups")
@@ -562,6 +576,11 @@ def validate(cfg: Any) -> None:
         if cfg.eval.report_n is not None and cfg.eval.report_n < 1:
             raise ValueError(f"eval.report_n must be >= 1 (or null = eval.n), got {cfg.eval.report_n}")
         _choice(cfg.dist.strategy, ("auto", "none", "ddp", "fsdp"), "dist.strategy")
+        if cfg.dist.cpu_offload and cfg.dist.strategy != "fsdp":
+            raise ConfigError(f"dist.cpu_offload=true is FSDP2's CPUOffloadPolicy; set dist.strategy=fsdp "
+                              f"(got {cfg.dist.strategy!r}; it works in one process too)")
+        if cfg.dist.timeout <= 0:
+            raise ConfigError(f"dist.timeout must be a positive number of seconds, got {cfg.dist.timeout}")
     if isinstance(cfg, PretrainConfig):
         _choice(cfg.train.lr_schedule, ("constant", "cosine", "linear"), "train.lr_schedule")
         validate_sampler(cfg.sampler, "sampler")

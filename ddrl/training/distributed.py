@@ -53,6 +53,7 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    grouped: bool = False  # a process group exists even with one rank (FSDP2 with dist.cpu_offload)
 
     @property
     def is_main(self) -> bool:
@@ -63,28 +64,39 @@ class DistInfo:
         return self.world_size > 1
 
 
-def init_distributed(backend: str | None, device: torch.device) -> DistInfo:
+def init_distributed(backend: str | None, device: torch.device, *, timeout_s: float | None = None,
+                     one_rank_group: bool = False) -> DistInfo:
+    """The process group torchrun's RANK / WORLD_SIZE describe, with collectives timing out after
+    timeout_s (dist.timeout). One process makes none, unless one_rank_group: FSDP2 (dist.cpu_offload
+    on one GPU) needs a process group even alone."""
+    from datetime import timedelta
+
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    if world <= 1 and not one_rank_group:
         return DistInfo()
     if not dist.is_initialized():
         backend = backend or ("nccl" if device.type == "cuda" else "gloo")
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend=backend)
-    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+        kwargs: dict[str, Any] = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
+        if world <= 1 and "MASTER_ADDR" not in os.environ:  # not launched by torchrun: an in-memory store
+            kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend=backend, **kwargs)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), grouped=True)
 
 
 def resolve_strategy(strategy: str, info: DistInfo) -> str:
     if strategy == "auto":
         return "ddp" if info.enabled else "none"
+    if strategy == "fsdp" and info.grouped:
+        return strategy  # FSDP2 in one process: dist.cpu_offload
     if strategy in ("ddp", "fsdp") and not info.enabled:
         return "none"  # one process: nothing to synchronise
     return strategy
 
 
 def wrap_model(model: torch.nn.Module, strategy: str, device: torch.device,
-               mixed_precision: str = "none") -> torch.nn.Module:
+               mixed_precision: str = "none", cpu_offload: bool = False) -> torch.nn.Module:
     """DDP returns a wrapper; FSDP2's fully_shard shards in place and returns the same module.
 
     mixed_precision="bf16" under FSDP2: bf16 all-gathers and compute over the fp32 shards, fp32
@@ -95,21 +107,26 @@ def wrap_model(model: torch.nn.Module, strategy: str, device: torch.device,
         ids = [device.index] if device.type == "cuda" else None
         return DDP(model, device_ids=ids)
     if strategy == "fsdp":
-        shard_model(model, device, mixed_precision)
+        shard_model(model, device, mixed_precision, cpu_offload)
     return model
 
 
-def shard_model(model: torch.nn.Module, device: torch.device, mixed_precision: str = "none") -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, device: torch.device, mixed_precision: str = "none",
+                cpu_offload: bool = False) -> torch.nn.Module:
     """fully_shard each transformer block, then the root, in place (trainable or frozen: the RL
-    reference is sharded the same way as the policy, so their shards line up)."""
+    reference is sharded the same way as the policy, so their shards line up). cpu_offload: FSDP2's
+    CPUOffloadPolicy, the shards (and so gradients and AdamW state) in pinned host memory; pass the
+    model still on the CPU, so that no more than one block is ever on the device outside its pass."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     from ddrl.models.hf import transformer_blocks  # no transformers import at module level
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = mixed_precision_policy(mixed_precision)
-    kwargs = {} if policy is None else {"mp_policy": policy}
+    kwargs: dict[str, Any] = {} if policy is None else {"mp_policy": policy}
+    if cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     for block in transformer_blocks(getattr(model, "model", model)):  # shard each block, then the root
         fully_shard(block, mesh=mesh, **kwargs)
     fully_shard(model, mesh=mesh, **kwargs)
@@ -190,27 +207,21 @@ def device_memory(device: torch.device) -> int | None:
 
 @contextlib.contextmanager
 def gradient_sync(wrapped: torch.nn.Module, enabled: bool) -> Iterator[None]:
-    """Inside, backward passes reduce gradients over ranks only when `enabled`: gradient accumulation
-    all-reduces once, on the last micro-batch of an optimizer step, instead of after every one (DDP
-    no_sync; FSDP2 set_requires_gradient_sync). The forward must run inside too: DDP arms (or not)
-    its gradient reducer in forward. Every rank must run the same number of backward passes with
-    the same pattern (the trainer pads every rank to the same micro-batches)."""
-    if enabled:
+    """Inside, backward passes reduce gradients over ranks only when `enabled`, under DDP: gradient
+    accumulation all-reduces once, on the last micro-batch of an optimizer step (DDP no_sync). The
+    forward must run inside too: DDP arms (or not) its gradient reducer in forward.
+
+    FSDP2 reduce-scatters every micro-batch, `enabled` or not: its no-sync mode
+    (set_requires_gradient_sync(False)) keeps every gradient unsharded, upcast to the reduce dtype,
+    until the last micro-batch (8B x 4 B = 32 GB per rank at LLaDA-8B), where a reduce-scatter per
+    micro-batch keeps 1/N of it. The cost is one reduce-scatter per micro-batch, overlapped with the
+    backward. Every rank must run the same number of backward passes (the trainer pads them)."""
+    no_sync = getattr(wrapped, "no_sync", None)  # DDP
+    if enabled or no_sync is None:  # FSDP2 and one process: nothing to switch off
         yield
         return
-    no_sync = getattr(wrapped, "no_sync", None)  # DDP
-    if no_sync is not None:
-        with no_sync():
-            yield
-        return
-    if is_sharded(wrapped):
-        wrapped.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            wrapped.set_requires_gradient_sync(True)
-        return
-    yield  # one process: nothing to synchronise
+    with no_sync():
+        yield
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

@@ -18,8 +18,18 @@ all-reduce per step. A second SIGTERM is recorded like the first, not fatal: a s
 one to every process of the job and a launcher forward another, and neither may cut the save short.
 
 Under torchrun the agent receives the signal, forwards SIGTERM to the workers and kills them 30 s
-later: a step plus the save must fit in that. For longer steps, let the scheduler signal the
-workers themselves (SLURM: one task per rank, srun without torchrun).
+later (SIGKILL; the 30 s is fixed in torch.distributed.elastic's close(timeout=30), no flag changes
+it): a step plus the save must fit in that. At 8B a rollout step takes minutes, so:
+
+  * let the scheduler signal the workers themselves, early: SLURM `#SBATCH --signal=TERM@120` (SIGTERM
+    120 s before the time limit) with one `srun` task per rank and no torchrun, each task exporting
+    RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID MASTER_ADDR MASTER_PORT
+    (init_distributed reads torchrun's variables); the guard then has the whole 120 s;
+  * and launch with `torchrun --max-restarts 3 ... resume=true`: workers killed mid-step or mid-save
+    (the kill above, a node fault) are restarted and resume from the newest complete checkpoint
+    (a checkpoint directory counts only once fully written), losing at most train.save_every steps;
+  * keep saves short: under FSDP checkpoints are sharded by default (each rank writes its shard);
+    a full save of 8B (~96 GB with AdamW, train.sharded_checkpoints=false) alone outlasts 30 s.
 """
 
 from __future__ import annotations

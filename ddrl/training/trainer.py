@@ -17,7 +17,9 @@ Every random draw derives from (seed, step, ...) so a resumed run replays the dr
 uninterrupted one. Mask seeds live on the batch: old, ref and current passes of inner iteration k
 share seed k unless the method asks for fresh masks (StableDRL).
 
-Several processes: every rank drops the groups it does not learn from (train.group_filter,
+Several processes: minibatch shares are cut from the step's global groups (a share's groups may sit
+on several ranks), so the optimizer steps do not depend on the number of processes. Every rank
+drops the groups it does not learn from (train.group_filter,
 train.skip_uninformative), then pads each optimizer step with zero-weight micro-batches to the
 largest count of any rank, so that all ranks run the same passes and collectives; the loss
 normalisers are the step's global counts, so the gradient is the 1-process one.
@@ -43,11 +45,12 @@ from ddrl.registry import SAMPLERS
 from ddrl.training import checkpoint as ckpt
 from ddrl.training.common import (Clock, build_optimizer, build_scheduler, check_writable, derive_seed,
                                   disable_dropout, make_generator, nanmean, pick_device)
-from ddrl.training.distributed import (DistInfo, ModelHandle, all_reduce_max, all_reduce_sum, check_memory_fits,
-                                       compute_context, copy_parameters, device_memory, gathered_parameters,
-                                       gradient_sync, init_distributed, reduce_mean_dict, reshard, resolve_strategy,
-                                       shard_model, training_state_bytes, wrap_model, zero_loss)
+from ddrl.training.distributed import (DistInfo, ModelHandle, all_reduce_max, all_reduce_sum, compute_context,
+                                       copy_parameters, device_memory, gathered_parameters, gradient_sync,
+                                       init_distributed, reduce_mean_dict, reshard, resolve_strategy, shard_model,
+                                       wrap_model, zero_loss)
 from ddrl.training.logging import MetricsLogger, plot_reward_curve
+from ddrl.training.memory import check_memory
 from ddrl.training.method import Method, build_method
 from ddrl.training.preemption import PreemptionGuard
 from ddrl.types import EstimatorOutput, RolloutBatch
@@ -70,7 +73,8 @@ class Trainer:
         self.cfg = cfg
         t = cfg.train
         self.device = pick_device(cfg.device)
-        self.dist: DistInfo = init_distributed(cfg.dist.backend, self.device)
+        self.dist: DistInfo = init_distributed(cfg.dist.backend, self.device, timeout_s=cfg.dist.timeout,
+                                               one_rank_group=cfg.dist.cpu_offload)
         if t.prompts_per_step % self.dist.world_size:
             raise ValueError(f"train.prompts_per_step={t.prompts_per_step} must be divisible by the number of "
                              f"processes ({self.dist.world_size}) so that every rank holds whole groups")
@@ -160,17 +164,17 @@ class Trainer:
 
     @property
     def _rank0_loading(self) -> bool:
-        """Sharded runs read the checkpoint on rank 0 only (N ranks x 16 GB of host memory at 8B otherwise)."""
-        return self.strategy == "fsdp" and self.dist.enabled
+        """Sharded runs read the checkpoint on rank 0 only (N ranks x 16 GB of host memory at 8B otherwise).
+        Not with dist.cpu_offload: each rank reads it, and its shards stay in host memory."""
+        return self.strategy == "fsdp" and self.dist.enabled and not self.cfg.dist.cpu_offload
 
     def _place_models(self, precision: str) -> torch.nn.Module:
         """Policy (and reference) onto the device, wrapped or sharded; returns the wrapped policy.
         First the memory check: a model whose training state cannot fit the device under this
         strategy is refused before any of it is moved. Under FSDP the reference is sharded like the
         policy: 1/N of a copy per rank."""
-        state_bytes, ref_bytes = training_state_bytes(self.model, reference_copy=self.ref_model is not None)
-        check_memory_fits(state_bytes, ref_bytes, device_memory(self.device), strategy=self.strategy,
-                          world_size=self.dist.world_size)
+        check_memory(self.cfg, self.model, self.dist.world_size, device_memory(self.device),
+                     reference_copy=self.ref_model is not None, strategy=self.strategy)
         if self._rank0_loading:  # rank 0's weights go straight into every rank's shards
             ref_full = self.ref_model.state_dict() if self.ref_model is not None and self.dist.is_main else {}
             wrapped = ckpt.wrap_from_rank0(self.model, "fsdp", self.device, self.dist, mixed_precision=precision)
@@ -179,12 +183,13 @@ class Trainer:
                 shard_model(self.ref_model, self.device, precision)
                 ckpt.broadcast_to_shards(self.ref_model, ref_full, self.device)
             return wrapped
-        self.model.to(self.device).train()
-        wrapped = wrap_model(self.model, self.strategy, self.device, precision)
+        offload = self.cfg.dist.cpu_offload  # the shards stay in host memory: shard on the CPU
+        self.model.to("cpu" if offload else self.device).train()
+        wrapped = wrap_model(self.model, self.strategy, self.device, precision, cpu_offload=offload)
         if self.ref_model is not None:
-            self.ref_model.to(self.device)
+            self.ref_model.to("cpu" if offload else self.device)
             if self.strategy == "fsdp":
-                shard_model(self.ref_model, self.device, precision)
+                shard_model(self.ref_model, self.device, precision, cpu_offload=offload)
         return wrapped
 
     def _make_reference(self) -> Any:
@@ -578,16 +583,24 @@ class Trainer:
         return int(batch.mask_seeds[self.method.mask_seed_iteration(k)])
 
     def minibatch_shares(self, batch: RolloutBatch) -> list[RolloutBatch]:
-        """train.minibatches consecutive shares of this rank's whole groups, one optimizer step each
-        (with several processes an optimizer step takes share m of every rank). A share may be empty
-        (a filter left fewer groups than shares): plan_update drops shares empty on every rank."""
-        n = self.cfg.train.minibatches
-        if n == 1:
+        """train.minibatches shares of the step's GLOBAL groups, one optimizer step each: the groups
+        kept on all ranks, in data order, cut into consecutive shares, and this rank's part of share m
+        is its own groups among them (often none: plan_update pads it, and drops a share empty on
+        every rank). So 1 process and N processes make the same optimizer steps on the same groups;
+        cutting each rank's groups instead left most shares empty (4 groups per rank, 32 shares)."""
+        t = self.cfg.train
+        if t.minibatches == 1:
             return [batch]
-        G = self.cfg.train.group_size
-        groups = len(batch) // G  # whole groups, in order (a filter may have left gaps in their ids)
-        bounds = [round(i * groups / n) for i in range(n + 1)]
-        return [batch.index(slice(lo * G, hi * G)) for lo, hi in zip(bounds, bounds[1:])]
+        offset = self.dist.rank * (t.prompts_per_step // self.dist.world_size)  # a rank's first global group
+        kept = torch.zeros(t.prompts_per_step, device=self.device)  # [N] global groups
+        kept[batch.group_ids + offset] = 1.0
+        kept_ids = all_reduce_sum(kept, self.dist).nonzero().squeeze(1).tolist()  # kept on any rank, in order
+        bounds = [round(i * len(kept_ids) / t.minibatches) for i in range(t.minibatches + 1)]
+        share_of = torch.full((t.prompts_per_step,), -1, device=self.device)  # [N] each global group's share
+        for m, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            share_of[kept_ids[lo:hi]] = m
+        row_share = share_of[batch.group_ids + offset]  # [B]
+        return [batch.index((row_share == m).nonzero().squeeze(1)) for m in range(t.minibatches)]
 
     def _passes(self, micro: list[list[RolloutBatch]]) -> Iterator[tuple[int, int, int, RolloutBatch]]:
         """(k, m, j, micro-batch) of every inner iteration k, share m and micro-batch j."""

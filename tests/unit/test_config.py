@@ -156,3 +156,9 @@ def test_max_prompt_length_is_a_positive_token_count_or_null():
         load_config(None, ["rollout.max_prompt_length=0"])
     with pytest.raises(ConfigError, match=r"rollout.max_prompt_length"):
         load_config(None, ["rollout.max_prompt_length=many"])
+
+
+def test_more_minibatches_than_groups_is_refused_naming_the_fix():
+    with pytest.raises(ConfigError, match=r"train.minibatches=64 is more than train.prompts_per_step=32.*"
+                                          r"set train.minibatches <= 32"):
+        load_config(None, ["train.prompts_per_step=32", "train.minibatches=64"], RLConfig)

@@ -1,0 +1,354 @@
+"""How much device memory one rank of `ddrl train` needs: an estimate from the config and the model's
+shape, without loading weights (`ddrl train --dry-run CONFIG [overrides] --world-size N`), and the
+start-up check that refuses a run that cannot fit.
+
+Terms (bytes per rank; N = ranks sharing the state under FSDP, else 1; P = parameters, P_t = trainable
+parameters; b = bytes per stored weight (fp32 4, a bf16 LoRA base 2); c = bytes per compute element (2
+under model.mixed_precision=bf16, else b)):
+
+  held for the whole run (on the host instead with dist.cpu_offload, FSDP2's CPUOffloadPolicy):
+    weights        P b / N
+    gradients      P_t 4 / N, alive from the first backward until the next share's zero_grad, so
+                   through the optimizer step and the next rollout (FSDP2 reduce-scatters every
+                   micro-batch: a shard, never the full gradient)
+    AdamW          2 P_t 4 / N (exp_avg, exp_avg_sq in the fp32 parameter dtype)
+    reference      P b / N when the method anchors a KL to a separate frozen copy (LoRA: none)
+    DDP buckets    P_t 4: DDP's reducer keeps its own flat copy of the gradients
+  then the largest of three phases:
+    rollout        compute weights: FSDP all-gathers the whole model for generation (P c); DDP or
+                   one process under bf16 autocast caches a bf16 copy of every fp32 weight that
+                   requires grad for the whole autocast block (P_t 2)
+                   + one no-grad forward over R rows x T tokens (one layer's transient, R T (4d + 3f) c)
+                   + the block's logits R W V (c + 12): compute dtype, then ~3 fp32 temporaries
+                   (Gumbel uniforms, tempered logits, softmax)
+                   + TraceRL's recorder, R W S_b V 4: fp32 probabilities of every step of a block
+    update         compute weights: FSDP holds ~2 gathered blocks (current + prefetch) and the root
+                   (embeddings, head) in c, and one block's unsharded fp32 gradient before its
+                   reduce-scatter; DDP / one process: the autocast cache P_t 2
+                   + activations of one micro-batch, m rows x k copies x T tokens:
+                     gradient checkpointing: every block's input (L d c) + one block recomputed
+                     else every block's activations L (6d + 2 kv + 4f) c, SwiGLU, attention by SDPA
+                     (no T x T matrix)
+                     + the final hidden states T d c and one chunk of 2**24 logits (c + 12 bytes
+                     each): log p(target) is computed chunk by chunk, no [T, V] logits
+                     (ddrl.ops.logprobs)
+    optimizer      foreach AdamW on a GPU: one temporary of the trainable size, P_t 4 / N
+
+R = rows per rank per rollout (prompts_per_step / ranks x group_size), T = prompt + completion
+tokens (the prompt: rollout.max_prompt_length, else 256), W = rollout.block_length, S_b = sampler
+steps per block, m = rows per micro-batch (train.micro_batch_size, micro_batch_rows for TraceRL, else
+all of a rank's rows), k = the estimator's masked copies per row (num_mc, copies, num_t; a coupled
+pair counts 2), taken as batched in one forward (an upper bound where an estimator loops).
+
+Not counted: the CUDA context and allocator fragmentation (~1-3 GB per GPU), NCCL buffers, the
+tokenizer and data. The shapes of the /path/to/... placeholders of configs/paper are the published
+config.json's (PLACEHOLDER_SHAPES; LLaDA-8B as bench/gpu/check.py's LLADA_8B).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GB = 1e9
+DEFAULT_PROMPT_TOKENS = 256  # a chat-formatted math/code prompt, when rollout.max_prompt_length is unset
+LOGPROB_CHUNK_ELEMENTS = 2**24  # ddrl.ops.logprobs.CHUNK_ELEMENTS: logits alive at once when scoring
+RECORDER_BYTES = 4  # TraceRL's trajectory recorder keeps float32 [B, W, V] per step of a block
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate reads of a model: a transformer of n_layers SwiGLU blocks."""
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn: int  # SwiGLU hidden width (gate and up each d x ffn, down ffn x d)
+    vocab: int
+    tied: bool = False  # input embedding and LM head share one matrix
+
+    @property
+    def kv_dim(self) -> int:
+        return self.d_model // self.n_heads * self.n_kv_heads
+
+    @property
+    def block_params(self) -> int:
+        d = self.d_model
+        return 2 * d * d + 2 * d * self.kv_dim + 3 * d * self.ffn + 2 * d
+
+    @property
+    def root_params(self) -> int:
+        """Embeddings, LM head and final norm: FSDP's root unit, gathered for the whole forward."""
+        return self.vocab * self.d_model * (1 if self.tied else 2) + self.d_model
+
+    @property
+    def params(self) -> int:
+        return self.n_layers * self.block_params + self.root_params
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each block linear by its module names in every family ddrl loads."""
+        d, kv, f = self.d_model, self.kv_dim, self.ffn
+        return {"q_proj": (d, d), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (d, d), "attn_out": (d, d),
+                "gate_proj": (d, f), "ff_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d), "ff_out": (f, d)}
+
+    def lora_params(self, rank: int, targets: list[str]) -> int:
+        """A and B of every adapted block linear: rank x (in + out) each. A regex entry ("re:...") is
+        counted as every linear of a block (an upper bound)."""
+        shapes = self.linear_shapes()
+        if any(t.startswith("re:") for t in targets):
+            names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        else:
+            names = [n for n in shapes if any(t == n or t.endswith("." + n) for t in targets)]
+        return self.n_layers * sum(rank * sum(shapes[n]) for n in names)
+
+
+# Published config.json shapes of the models the paper recipes name with /path/to/... placeholders.
+LLADA_8B = ModelShape(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn=12288, vocab=126464)
+# Dream-v0-7B and DiffuCoder-7B: Qwen2.5-7B's shape
+QWEN25_7B = ModelShape(d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, ffn=18944, vocab=152064)
+# URSA-1.7B: Qwen3-1.7B's blocks; its vocabulary adds the IBQ image codes (approximate: 2**17 codes)
+URSA_1_7B = ModelShape(d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8, ffn=6144, vocab=151936 + 131072)
+# SEPO's DRAKES MDLM DNA CNN (ddrl.models.native.mdlm_dna): 20 dilated convolutions of kernel 9 over 128
+# channels plus a time Dense each (~10 d^2 parameters), counted as blocks of that size (ffn 2d)
+MDLM_DNA = ModelShape(d_model=128, n_layers=20, n_heads=1, n_kv_heads=1, ffn=256, vocab=5)
+PLACEHOLDER_SHAPES = {"LLaDA-8B": LLADA_8B, "MMaDA-8B": LLADA_8B, "Dream-v0-Instruct-7B": QWEN25_7B,
+                      "DiffuCoder-7B": QWEN25_7B, "URSA-1.7B": URSA_1_7B, "mdlm_dna": MDLM_DNA}
+
+
+def shape_from_config(config: dict[str, Any]) -> ModelShape:
+    """A config.json's sizes: LLaDA/MMaDA (d_model, n_layers, mlp_hidden_size, embedding_size), HF
+    (hidden_size, num_hidden_layers, intermediate_size) and ddrl's own Denoiser (ffn_hidden)."""
+    c = config.get("text_config") or config
+    pick = lambda *keys, default=None: next((c[k] for k in keys if c.get(k) is not None), default)  # noqa: E731
+    d = pick("d_model", "hidden_size")
+    layers = pick("n_layers", "num_hidden_layers")
+    heads = pick("n_heads", "num_attention_heads")
+    if d is None or layers is None or heads is None:
+        raise ValueError("config.json has no transformer sizes (d_model/hidden_size, n_layers/num_hidden_layers, "
+                         "n_heads/num_attention_heads)")
+    ffn = pick("mlp_hidden_size", "ffn_hidden", "intermediate_size")
+    if ffn is None:
+        from ddrl.models.transformer import swiglu_hidden
+
+        ffn = swiglu_hidden(d)
+    tied = bool(pick("tie_word_embeddings", "weight_tying", "tie_embeddings", default=False))
+    return ModelShape(d_model=d, n_layers=layers, n_heads=heads, n_kv_heads=pick("n_kv_heads", "num_key_value_heads",
+                      default=heads), ffn=ffn, vocab=pick("embedding_size", "vocab_size"), tied=tied)
+
+
+def model_shape(path: str) -> ModelShape:
+    """The shape of model.path: its config.json, or a placeholder's published shape."""
+    p = Path(path)
+    for config in (p / "config.json", p / "transformer" / "config.json"):  # a model, or a diffusers pipeline (URSA)
+        if config.is_file():
+            return shape_from_config(json.loads(config.read_text()))
+    for name, shape in PLACEHOLDER_SHAPES.items():
+        if name.lower() in p.name.lower():
+            return shape
+    raise ValueError(f"model.path={path!r} has no config.json and is not a known placeholder "
+                     f"({', '.join(PLACEHOLDER_SHAPES)}); point model.path at the model directory")
+
+
+@dataclass
+class MemoryEstimate:
+    """Per-rank device bytes of one training step, by term (module doc); `host` is what
+    dist.cpu_offload keeps in host memory instead."""
+
+    held: dict[str, float]
+    phases: dict[str, dict[str, float]]
+    host: dict[str, float] = field(default_factory=dict)
+    setting: str = ""
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=lambda k: sum(self.phases[k].values()))
+
+    @property
+    def total(self) -> float:
+        return sum(self.held.values()) + sum(self.phases[self.peak_phase].values())
+
+    def report(self, device_bytes: float | None = None) -> str:
+        lines = [f"per-rank memory estimate: {self.setting}"]
+        for name, v in self.held.items():
+            lines.append(f"  {name:<34}{v / GB:8.2f} GB")
+        for phase, terms in self.phases.items():
+            mark = "  <- peak" if phase == self.peak_phase else ""
+            lines.append(f"  {phase} phase: +{sum(terms.values()) / GB:.2f} GB{mark}")
+            lines.extend(f"    {name:<32}{v / GB:8.2f} GB" for name, v in terms.items())
+        for name, v in self.host.items():
+            lines.append(f"  host (dist.cpu_offload): {name:<16}{v / GB:8.2f} GB")
+        lines.append(f"  total per rank                    {self.total / GB:8.2f} GB")
+        if device_bytes:
+            verdict = "fits" if self.total <= device_bytes else "does NOT fit"
+            lines.append(f"  {verdict} a {device_bytes / GB:.0f} GB device")
+        return "\n".join(lines)
+
+
+@dataclass
+class Counts:
+    """Parameter counts of the model as it will train."""
+
+    params: int
+    trainable: int
+    weight_bytes: int  # bytes per stored weight of the base (4 fp32, 2 bf16)
+    trainable_bytes: int = 4  # the trainer refuses bf16 trainable parameters (common.build_optimizer)
+
+    @classmethod
+    def from_config(cls, cfg: Any, shape: ModelShape) -> "Counts":
+        b = 2 if cfg.model.dtype == "bfloat16" else 4
+        lora = cfg.model.lora
+        if lora.rank > 0:
+            adapters = shape.lora_params(lora.rank, list(lora.target_modules or []))
+            return cls(params=shape.params + adapters, trainable=adapters, weight_bytes=b)
+        return cls(params=shape.params, trainable=shape.params, weight_bytes=b)
+
+    @classmethod
+    def from_module(cls, model: Any) -> "Counts":
+        params = list(model.parameters())
+        frozen = [p for p in params if not p.requires_grad] or params
+        return cls(params=sum(p.numel() for p in params), trainable=sum(p.numel() for p in params if p.requires_grad),
+                   weight_bytes=max(p.element_size() for p in frozen))
+
+
+def estimator_copies(method: Any) -> int:
+    """Masked copies of a row one estimator forward computes (module doc: k)."""
+    est = method.estimator
+    for name in ("copies", "num_t", "num_mc"):
+        n = getattr(est, name, None)
+        if isinstance(n, int) and n > 0:
+            return n * (2 if "coupled" in type(est).__name__.lower() and name == "num_mc" else 1)
+    return 1
+
+
+def estimate_memory(cfg: Any, shape: ModelShape, world_size: int, *, counts: Counts | None = None,
+                    device: str = "cuda", prompt_tokens: int | None = None) -> MemoryEstimate:
+    """Per-rank device memory of `ddrl train` with this config at this world size (module doc);
+    prompt_tokens: the widest prompt, when known (else rollout.max_prompt_length, else 256)."""
+    from ddrl.training.distributed import DistInfo, resolve_strategy
+    from ddrl.training.method import build_method
+
+    counts = counts or Counts.from_config(cfg, shape)
+    method = build_method(cfg)
+    strategy = resolve_strategy(cfg.dist.strategy, DistInfo(world_size=world_size, grouped=cfg.dist.cpu_offload))
+    offload = strategy == "fsdp" and cfg.dist.cpu_offload
+    shards = world_size if strategy == "fsdp" else 1
+    P, Pt, b = counts.params, counts.trainable, counts.weight_bytes
+    bf16 = cfg.model.mixed_precision == "bf16"
+    c = 2 if bf16 else b
+    ref = P * b if method.needs_ref and cfg.model.lora.rank == 0 else 0
+    state = {"weights": P * b / shards, "gradients (alive across the step)": Pt * 4 / shards,
+             "AdamW state": 2 * Pt * 4 / shards}
+    if ref:
+        state["reference copy"] = ref / shards
+    held = {} if offload else dict(state)
+    host = dict(state) if offload else {}
+    if strategy == "ddp":
+        held["DDP gradient buckets"] = Pt * 4
+    T = (prompt_tokens or cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS) + cfg.rollout.gen_length
+    phases = {"rollout": _rollout_terms(cfg, shape, method, world_size, strategy, counts, c, bf16, T),
+              "update": _update_terms(cfg, shape, method, world_size, strategy, counts, c, bf16, T)}
+    if device == "cuda" and not offload:  # offloaded, AdamW steps on the CPU
+        phases["optimizer"] = {"foreach AdamW temporaries": Pt * 4 / shards}
+    t = cfg.train
+    setting = (f"{world_size} rank(s), strategy {strategy}{' + cpu_offload' if offload else ''}, "
+               f"{P / 1e9:.2f}B params ({Pt / 1e6:.1f}M trainable), compute {'bf16' if bf16 else cfg.model.dtype}, "
+               f"gradient_checkpointing={cfg.model.gradient_checkpointing}, "
+               f"{t.prompts_per_step // world_size * t.group_size} rollout rows per rank")
+    return MemoryEstimate(held, phases, host, setting)
+
+
+def _compute_weights(strategy: str, shape: ModelShape, counts: Counts, c: int, bf16: bool, *, whole: bool) -> dict:
+    if strategy == "fsdp":
+        if whole:
+            return {"gathered weights (generation)": counts.params * c}
+        gathered = (2 * shape.block_params + shape.root_params) * c
+        return {"gathered blocks + root": gathered, "one block's unsharded gradient": shape.block_params * 4}
+    if bf16 and counts.weight_bytes == 4:
+        return {"autocast bf16 weight cache": counts.trainable * 2}
+    return {}
+
+
+def _rollout_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy: str, counts: Counts,
+                   c: int, bf16: bool, T: int) -> dict[str, float]:
+    r = cfg.rollout
+    R = cfg.train.prompts_per_step // world * cfg.train.group_size
+    W, d = min(r.block_length or r.gen_length, r.gen_length), shape.d_model
+    terms = _compute_weights(strategy, shape, counts, c, bf16, whole=True)
+    terms["no-grad forward (one layer)"] = R * T * (4 * d + 3 * shape.ffn) * c
+    terms["block logits + fp32 temporaries"] = R * W * shape.vocab * (c + 12)
+    if method.needs_trajectory:
+        steps_per_block = max(1, r.steps // max(1, math.ceil(r.gen_length / W)))
+        terms["TraceRL recorder"] = R * W * steps_per_block * shape.vocab * RECORDER_BYTES
+    return terms
+
+
+def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy: str, counts: Counts,
+                  c: int, bf16: bool, T: int) -> dict[str, float]:
+    t = cfg.train
+    per_rank = t.prompts_per_step // world * t.group_size
+    rows = t.micro_batch_rows if t.micro_batch_rows and method.has_rows else (t.micro_batch_size or per_rank)
+    tokens = min(rows, per_rank if not method.has_rows else rows) * estimator_copies(method) * T
+    d, kv, f, L = shape.d_model, shape.kv_dim, shape.ffn, shape.n_layers
+    block = tokens * (6 * d + 2 * kv + 4 * f) * c
+    terms = _compute_weights(strategy, shape, counts, c, bf16, whole=False)
+    if cfg.model.gradient_checkpointing:
+        terms["activations (checkpointed)"] = tokens * L * d * c + block
+    else:
+        terms["activations"] = L * block
+    # log p(target) from the final hidden states, the LM head chunk by chunk (ddrl.ops.logprobs)
+    chunk = min(LOGPROB_CHUNK_ELEMENTS, tokens * shape.vocab)
+    terms["final hidden + one logits chunk"] = tokens * d * c + chunk * (c + 12)
+    return terms
+
+
+def check_fits(estimate: MemoryEstimate, device_bytes: int | None) -> None:
+    """Refuse, before anything is moved to the device, a run whose estimate exceeds it. None (the
+    CPU) skips the check."""
+    if device_bytes is None or estimate.total <= device_bytes:
+        return
+    raise ValueError(f"the run needs ~{estimate.total / GB:.1f} GB per device, more than its "
+                     f"{device_bytes / GB:.1f} GB:\n"
+                     f"{estimate.report()}\nTo fit: shard over more GPUs (torchrun --nproc_per_node N ... "
+                     f"dist.strategy=fsdp), keep the training state in host memory (dist.strategy=fsdp "
+                     f"dist.cpu_offload=true), model.gradient_checkpointing=true, a smaller train.micro_batch_size, "
+                     f"or LoRA (model.lora.rank=128). `ddrl train --dry-run CONFIG --world-size N` prints this plan")
+
+
+def check_memory(cfg: Any, model: Any, world_size: int, device_bytes: int | None, *, reference_copy: bool,
+                 strategy: str) -> None:
+    """The trainer's start-up check: the full estimate when model.path has a readable shape, else
+    the training state alone (distributed.check_memory_fits). None device bytes (the CPU): no check."""
+    if device_bytes is None:
+        return
+    try:
+        shape = model_shape(cfg.model.path)
+    except (ValueError, OSError):
+        from ddrl.training.distributed import check_memory_fits, training_state_bytes
+
+        state, ref = training_state_bytes(model, reference_copy=reference_copy)
+        check_memory_fits(state, ref, device_bytes, strategy=strategy, world_size=world_size)
+        return
+    check_fits(estimate_memory(cfg, shape, world_size, counts=Counts.from_module(model)), device_bytes)
+
+
+def dry_run(config: str, overrides: list[str], world_size: int, device_gb: float) -> str:
+    """`ddrl train --dry-run`: the per-rank estimate of a recipe at a world size, weights unread."""
+    from ddrl.config import RLConfig, load_config
+
+    cfg = load_config(config, overrides, RLConfig)
+    head = f"{config}: model {cfg.model.path}"
+    n = cfg.train.prompts_per_step
+    if n % world_size:  # the trainer refuses it; estimated with the largest rank's share
+        fits = [w for w in range(1, n + 1) if n % w == 0]
+        head += (f"\nNOTE: `ddrl train` refuses this at {world_size} ranks: train.prompts_per_step={n} is not "
+                 f"divisible by {world_size} (world sizes that divide it: {fits}); estimated with "
+                 f"{math.ceil(n / world_size)} groups per rank")
+        cfg.train.prompts_per_step = math.ceil(n / world_size) * world_size
+    est = estimate_memory(cfg, model_shape(cfg.model.path or ""), world_size)
+    return head + "\n" + est.report(device_gb * GB)
+
+

@@ -1,0 +1,109 @@
+"""The memory model (ddrl.training.memory): the terms the old 16-bytes-per-parameter check left out,
+FSDP2 CPU offload as the way to fit 8B full fine-tuning on one H200, and `ddrl train --dry-run` for
+every paper recipe at 1 and 8 GPUs, without reading weights."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddrl.config import ConfigError, RLConfig, load_config
+from ddrl.training.distributed import DistInfo, check_memory_fits, resolve_strategy
+from ddrl.training.memory import (GB, LLADA_8B, check_fits, dry_run, estimate_memory, model_shape,
+                                  shape_from_config)
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = 141 * GB
+PAPER = sorted((ROOT / "configs/paper").rglob("*.yaml"))
+
+
+def test_llada_8b_shape_has_8b_parameters():
+    assert 8.0e9 < LLADA_8B.params < 8.05e9
+    assert model_shape("/path/to/LLaDA-8B-Instruct") is LLADA_8B
+    with pytest.raises(ValueError, match="point model.path at the model directory"):
+        model_shape("/path/to/Unknown-3B")
+
+
+def test_full_fine_tuning_of_8b_on_one_h200_is_refused_unless_offloaded():
+    cfg = load_config(ROOT / "configs/paper/stable_drl_llada8b.yaml", [], RLConfig)
+    plain = estimate_memory(cfg, LLADA_8B, 1)
+    # the old check counted 16 B/param and passed it (128 GB < 141 GB) ...
+    check_memory_fits(16 * LLADA_8B.params, 0, H200, strategy="none", world_size=1)
+    # ... the autocast bf16 cache, activations and AdamW's temporaries do not fit
+    assert plain.held["weights"] + plain.held["gradients (alive across the step)"] + plain.held["AdamW state"] \
+        == pytest.approx(16 * LLADA_8B.params)
+    assert "autocast bf16 weight cache" in plain.phases["update"]
+    assert plain.total > H200
+    with pytest.raises(ValueError, match=r"(?s)needs ~.*dist\.cpu_offload=true"):
+        check_fits(plain, H200)
+    offload = load_config(ROOT / "configs/paper/stable_drl_llada8b.yaml",
+                          ["dist.strategy=fsdp", "dist.cpu_offload=true"], RLConfig)
+    est = estimate_memory(offload, LLADA_8B, 1)
+    assert resolve_strategy("fsdp", DistInfo(grouped=True)) == "fsdp"  # FSDP2 in one process
+    assert not est.held and est.host["AdamW state"] == pytest.approx(8 * LLADA_8B.params)  # state on the host
+    assert est.total < H200
+    check_fits(est, H200)
+
+
+def test_fsdp_shards_the_state_and_traceRL_counts_its_recorder():
+    cfg = load_config(ROOT / "configs/paper/tracerl_llada8b.yaml", [], RLConfig)
+    one, eight = estimate_memory(cfg, LLADA_8B, 1), estimate_memory(cfg, LLADA_8B, 8)
+    assert eight.held["AdamW state"] == pytest.approx(one.held["AdamW state"] / 8)
+    # 32 rows x 32 slots x 16 steps per block x V x 4 B per rank at 8 GPUs (512 steps / 16 blocks)
+    assert eight.phases["rollout"]["TraceRL recorder"] == pytest.approx(32 * 32 * 32 * 126464 * 4)
+    assert "gathered weights (generation)" in eight.phases["rollout"]
+
+
+def test_shapes_are_read_from_config_json():
+    llada = {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "mlp_hidden_size": 128,
+             "embedding_size": 128, "vocab_size": 126, "weight_tying": False}
+    s = shape_from_config(llada)
+    assert (s.d_model, s.n_layers, s.kv_dim, s.ffn, s.vocab) == (64, 2, 32, 128, 128)
+    dream = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "intermediate_size": 128, "vocab_size": 128, "tie_word_embeddings": True}
+    assert shape_from_config(dream).tied
+
+
+@pytest.mark.parametrize("config", PAPER, ids=lambda p: str(p.relative_to(ROOT / "configs/paper")))
+def test_dry_run_prints_every_paper_recipe_at_1_and_8_gpus(config):
+    for world in (1, 8):
+        text = dry_run(str(config), [], world, 80.0)
+        assert f"{world} rank(s)" in text and "total per rank" in text and "80 GB device" in text
+
+
+def test_the_cli_dry_run_reads_no_weights():
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "ddrl", "train", "--dry-run",
+                           str(ROOT / "configs/paper/unigrpo_llada8b.yaml"), "--world-size", "8",
+                           "--gpu-memory", "141"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "8 rank(s), strategy fsdp" in done.stdout and "141 GB device" in done.stdout
+
+
+def test_offload_and_timeout_are_checked():
+    with pytest.raises(ConfigError, match="dist.cpu_offload=true is FSDP2's CPUOffloadPolicy; set dist.strategy=fsdp"):
+        load_config(None, ["dist.cpu_offload=true"], RLConfig)
+    with pytest.raises(ConfigError, match="dist.timeout must be a positive"):
+        load_config(None, ["dist.timeout=0"], RLConfig)
+
+
+def test_dist_timeout_reaches_init_process_group(monkeypatch):
+    from datetime import timedelta
+
+    import torch
+
+    from ddrl.training import distributed
+
+    seen = {}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: 2)
+    distributed.init_distributed(None, torch.device("cpu"), timeout_s=1800)
+    assert seen["timeout"] == timedelta(seconds=1800) and seen["backend"] == "gloo"
