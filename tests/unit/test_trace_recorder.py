@@ -90,3 +90,15 @@ def test_dps_weights_refuse_a_commit_order_record(monkeypatch):
     batch = rollout(COMMIT_ORDER, monkeypatch)
     with pytest.raises(ValueError, match="return_trajectory=True"):
         denoising_progress_scores(batch.trajectory, batch.completion_mask)
+
+
+def test_tracerl_recipe_gathers_the_fsdp_model_about_once_per_optimizer_step():
+    """Each micro-batch's forward/backward all-gathers the whole model under FSDP: at 8 ranks the
+    recipe's micro_batch_rows must not turn a rollout's 2,048 rows per rank into ~1,000 gathers."""
+    cfg = load_config("configs/paper/tracerl_llada8b.yaml", [], RLConfig)
+    t, ranks = cfg.train, 8
+    rows_per_rank = t.prompts_per_step * t.group_size * (cfg.rollout.gen_length // cfg.method.estimator_args["shrink"])
+    rows_per_rank //= ranks
+    gathers = rows_per_rank // t.micro_batch_rows
+    assert gathers <= 2 * t.minibatches, f"{gathers} all-gathers per rank per rollout"
+    assert t.micro_batch_rows * 0.33 < 40, "64 rows x ~0.33 GB (header arithmetic) must leave room on 80 GB"
