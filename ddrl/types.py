@@ -20,6 +20,11 @@ import torch
 from torch import Tensor
 
 
+# return_trajectory=COMMIT_ORDER: the sampler records commit_step (and step_times) only, token_probs
+# None; nothing per step scales with the vocabulary (ddrl.sampling.trajectory). True records all.
+COMMIT_ORDER = "commit_order"
+
+
 @dataclass
 class Trajectory:
     """What a sampler records about how each completion was generated, at no extra model cost.
@@ -35,7 +40,7 @@ class Trajectory:
     """
 
     commit_step: Tensor
-    token_probs: Tensor
+    token_probs: Tensor | None  # None when sampled with return_trajectory=COMMIT_ORDER
     states: Tensor | None = None
     step_times: Tensor | None = None
 
@@ -53,7 +58,7 @@ class Trajectory:
     def index(self, rows: Tensor | slice) -> "Trajectory":
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
         step_times = self.step_times
-        return Trajectory(self.commit_step[rows], self.token_probs[rows], pick(self.states), step_times)
+        return Trajectory(self.commit_step[rows], pick(self.token_probs), pick(self.states), step_times)
 
 
 @dataclass

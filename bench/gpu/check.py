@@ -24,6 +24,16 @@ stopped by its time limit still leaves every finished number):
             activations, so it runs at two reduced depths and reports per-layer figures (the
             difference between the depths) and their projection to 32 blocks. It also checks that
             one AdamW step at lr 1e-6 moves the fp32 master weights (it would not in bf16).
+  offload   the full step at the larger reduced depth through ddrl's own sharding with
+            dist.cpu_offload (FSDP2's CPUOffloadPolicy: fp32 master, gradients and AdamW state in
+            host memory, the optimizer step on the CPU): how full fine-tuning of 8B fits one H200.
+            32 blocks would hold ~128 GB of host memory, about all the lent machine has.
+  memory    the measured peaks of the LoRA and offload steps against ddrl.training.memory's
+            estimate of the same setting (held state + the update phase), as a ratio.
+
+A section whose ddrl code is not in this tree (dist.cpu_offload, ddrl.training.memory) is reported
+as "skipped: ..." and the others run. Every section builds what it needs inside its guard, the
+model included, so one failure (an import, out of memory) costs that section only.
 
 MFU = model FLOPs / (seconds x the measured matmul peak). Model FLOPs count the weight matmuls: the
 transformer blocks' linear layers for every token fed, the LM head for every scored (completion)
@@ -59,7 +69,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-SECTIONS = ("matmul", "rollout", "lora", "full")
+SECTIONS = ("matmul", "rollout", "lora", "full", "offload", "memory")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out"]  # LLaDA's names
 
 
@@ -462,12 +472,16 @@ def shard_mixed_precision(model, device: torch.device) -> None:
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def full_depth(shape: Shape, wl: Workload, device: torch.device, depth: int, peak_flops: float) -> dict[str, Any]:
+def full_depth(shape: Shape, wl: Workload, device: torch.device, depth: int, peak_flops: float, *,
+               cpu_offload: bool = False) -> dict[str, Any]:
     from ddrl.training.common import build_optimizer
 
     model = build_llada(shape, device, torch.float32, n_layers=depth)
     params = sum(p.numel() for p in model.parameters())
-    shard_mixed_precision(model, device)
+    if cpu_offload:
+        shard_with_cpu_offload(model, device)
+    else:
+        shard_mixed_precision(model, device)
     opt = build_optimizer(model.parameters(), wl.lr, 0.0)
     probe = next(p for n, p in model.named_parameters() if n.endswith("blocks.0.q_proj.weight"))
     local = lambda: (probe.to_local() if hasattr(probe, "to_local") else probe).detach().float()  # noqa: E731
@@ -481,6 +495,60 @@ def full_depth(shape: Shape, wl: Workload, device: torch.device, depth: int, pea
 
     out.update(measure_update(model, shape, wl, device, opt, 6, peak_flops, after_warmup=first_update))
     return out  # the model and its optimizer go with this frame; full_section releases the memory
+
+
+def shard_with_cpu_offload(model, device: torch.device) -> None:
+    """The trainer's own sharding (ddrl.training.distributed.shard_model) with dist.cpu_offload."""
+    import inspect
+
+    from ddrl.training.distributed import shard_model
+
+    if "cpu_offload" not in inspect.signature(shard_model).parameters:
+        raise Skip("ddrl.training.distributed.shard_model has no cpu_offload (dist.cpu_offload) in this tree")
+    shard_model(model, device, "bf16", cpu_offload=True)
+
+
+def offload_section(shape: Shape, wl: Workload, device: torch.device, peak_flops: float) -> dict[str, Any]:
+    """Full fine-tuning, fp32 master weights, FSDP2 on one process with CPU offload, at the larger
+    reduced depth: what stays on the GPU is the gathered bf16 blocks and the activations."""
+    depth = wl.full_depths[1]
+    with one_process_group(device):
+        out = full_depth(shape, wl, device, depth, peak_flops, cpu_offload=True)
+    return {"strategy": "fsdp2 + CPUOffloadPolicy (dist.cpu_offload), 1 process", **out}
+
+
+def memory_section(shape: Shape, wl: Workload, data: dict[str, Any]) -> dict[str, Any]:
+    """ddrl.training.memory's estimate of the LoRA and offloaded full steps this check ran (held state
+    + the larger of the update and optimizer phases), against their measured peaks."""
+    try:
+        from ddrl.training import memory
+    except ImportError as e:
+        raise Skip(f"ddrl.training.memory is not in this tree ({e})") from None
+    from ddrl.config import RLConfig, load_config
+
+    setting = [f"train.prompts_per_step={wl.prompts}", f"train.group_size={wl.group_size}",
+               f"train.micro_batch_size={wl.micro_batch}", f"rollout.gen_length={wl.gen_length}",
+               f"rollout.block_length={wl.block_length}", f"rollout.steps={wl.steps}",
+               f"rollout.max_prompt_length={wl.prompt_length}", "model.gradient_checkpointing=false",
+               "model.mixed_precision=bf16"]
+    runs = {"lora": ([f"model.lora.rank={wl.lora_rank}", f"model.lora.target_modules=[{','.join(LORA_TARGETS)}]",
+                      "model.dtype=bfloat16", "dist.strategy=none"], shape.n_layers),
+            "offload": (["model.lora.rank=0", "model.dtype=float32", "dist.strategy=fsdp", "dist.cpu_offload=true"],
+                        wl.full_depths[1])}
+    out: dict[str, Any] = {}
+    for name, (overrides, layers) in runs.items():
+        cfg = load_config(ROOT / "configs/paper/diffu_grpo_llada8b.yaml", setting + overrides, RLConfig)
+        model_shape = memory.ModelShape(d_model=shape.d_model, n_layers=layers, n_heads=shape.n_heads,
+                                        n_kv_heads=shape.n_heads, ffn=shape.mlp_hidden_size, vocab=shape.vocab_size)
+        est = memory.estimate_memory(cfg, model_shape, 1, prompt_tokens=wl.prompt_length)
+        step = sum(est.held.values()) + max(sum(est.phases["update"].values()),
+                                            sum(est.phases.get("optimizer", {}).values()))
+        measured = data.get(name, {}).get("peak_gb")
+        out[name] = {"layers": layers, "estimate_step_gb": step / memory.GB, "estimate_total_gb": est.total / memory.GB,
+                     "measured_peak_gb": measured,
+                     "measured_over_estimate": None if measured is None else measured / (step / memory.GB),
+                     "estimate": est.report()}
+    return out
 
 
 def full_section(shape: Shape, wl: Workload, device: torch.device, peak_flops: float,
@@ -524,6 +592,10 @@ def project(large: dict[str, Any], slope: dict[str, Any], layers: int) -> dict[s
 # --------------------------------------------------------------------------------------------
 # The report: JSON + markdown, rewritten after every measurement
 # --------------------------------------------------------------------------------------------
+
+
+class Skip(Exception):
+    """A section that cannot run in this tree (its ddrl code is missing): reported, not an error."""
 
 
 @dataclass
@@ -582,6 +654,11 @@ def markdown(data: dict[str, Any]) -> str:
             lines.append(f"| full, fp32 master | {depth} | {_fmt(v['params_b'])} | all | {_fmt(v['step_s'])} | "
                          f"{_fmt(v['mfu'])} | {_fmt(v['peak_gb'])} | {_fmt(v['steady_gb'])} | "
                          f"{_fmt(v['score_pass_s'])} | {_fmt(v['score_pass_mfu'])} |")
+    off = data.get("offload", {})
+    if "step_s" in off:
+        lines.append(f"| full, fp32 master, CPU offload | {off['layers']} | {_fmt(off['params_b'])} | all | "
+                     f"{_fmt(off['step_s'])} | {_fmt(off['mfu'])} | {_fmt(off['peak_gb'])} | {_fmt(off['steady_gb'])} | "
+                     f"{_fmt(off['score_pass_s'])} | {_fmt(off['score_pass_mfu'])} |")
     if "per_layer" in full:
         pl = full["per_layer"]
         lines.append(f"| full, per layer | 1 | {_fmt(pl['params_b'])} | all | {_fmt(pl['step_s'])} | | "
@@ -592,6 +669,15 @@ def markdown(data: dict[str, Any]) -> str:
     lines += ["", f"LoRA [{lora.get('status')}], full [{full.get('status')}]; full fine-tuning: master weights "
               f"{_first(full, 'master_dtype')}, one AdamW step at lr {_first(full, 'lr')} moved them by up to "
               f"{_fmt(_first(full, 'master_update_max_abs'))}", ""]
+    mem = data.get("memory", {})
+    lines += [f"## Memory model [{mem.get('status')}]", "", "| run | layers | measured peak GB | estimate GB | "
+              "measured / estimate |", "| --- | --- | --- | --- | --- |"]
+    for name in ("lora", "offload"):
+        if name in mem:
+            m = mem[name]
+            lines.append(f"| {name} | {m['layers']} | {_fmt(m['measured_peak_gb'])} | {_fmt(m['estimate_step_gb'])} | "
+                         f"{_fmt(m['measured_over_estimate'])} |")
+    lines.append("")
     errors = [f"- {k}: {v['status']}" for k, v in data.items() if isinstance(v, dict)
               and str(v.get("status", "ok")) != "ok"]
     errors += [f"- full at {depth} layers: {v['status']}" for depth, v in full.get("depths", {}).items() if "status" in v]
@@ -626,6 +712,9 @@ def run_section(report: Report, name: str, fn: Callable[[Callable[[dict], None]]
     try:
         result = fn(record)
         report.data[name] = {"status": "ok", **result, "section_s": time.perf_counter() - start}
+    except Skip as e:
+        report.data[name] = {"status": f"skipped: {e}"}
+        result = None
     except Exception as e:  # noqa: BLE001  (an OOM or a bug in one section must not lose the others)
         kept = {k: v for k, v in report.data.get(name, {}).items() if k != "status"}
         report.data[name] = {**kept, "status": f"error: {type(e).__name__}: {str(e)[:500]}",
@@ -678,19 +767,28 @@ def sections(args: argparse.Namespace, report: Report, device: torch.device, sha
     mm = run_section(report, "matmul", lambda rec: matmul_peak(device, torch.bfloat16, args.matmul_n or
                                                                (256 if args.tiny else 8192), 10), in_budget, device)
     peak_flops = mm["flops_per_s"] if mm else float("nan")
-    if only & {"rollout", "lora"}:
-        model = build_llada(shape, device, torch.bfloat16)
-        if "rollout" in only:
-            run_section(report, "rollout", lambda rec: rollout_section(model, shape, wl, device, args.caches, rec),
-                        in_budget, device)
-        if "lora" in only:
-            run_section(report, "lora", lambda rec: lora_section(model, shape, wl, device, peak_flops), in_budget,
-                        device)
-        del model
-        release(device)
+    built: dict[str, Any] = {}
+
+    def bf16_model():  # built inside the first section that needs it (its guard), shared by rollout and LoRA
+        if "model" not in built:
+            built["model"] = build_llada(shape, device, torch.bfloat16)
+        return built["model"]
+
+    if "rollout" in only:
+        run_section(report, "rollout", lambda rec: rollout_section(bf16_model(), shape, wl, device, args.caches, rec),
+                    in_budget, device)
+    if "lora" in only:
+        run_section(report, "lora", lambda rec: lora_section(bf16_model(), shape, wl, device, peak_flops), in_budget,
+                    device)
+    built.clear()
+    release(device)
     if "full" in only:
         run_section(report, "full", lambda rec: full_section(shape, wl, device, peak_flops, rec, in_budget),
                     in_budget, device)
+    if "offload" in only:
+        run_section(report, "offload", lambda rec: offload_section(shape, wl, device, peak_flops), in_budget, device)
+    if "memory" in only:
+        run_section(report, "memory", lambda rec: memory_section(shape, wl, report.data), in_budget, device)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

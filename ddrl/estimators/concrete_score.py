@@ -65,7 +65,7 @@ from ddrl.estimators.common import generator_from_seed, uniform
 from ddrl.logits import kept_logits
 from ddrl.processes.draws import sample_categorical
 from ddrl.registry import ESTIMATORS
-from ddrl.types import EstimatorOutput, RolloutBatch
+from ddrl.types import COMMIT_ORDER, EstimatorOutput, RolloutBatch
 
 
 def score_surrogate(log_scores: Tensor, weights: Tensor) -> Tensor:
@@ -216,6 +216,7 @@ class ConcreteScore:
         if self.states == "clean" and self.snis_samples < 1:
             raise ValueError("concrete_score states='clean' is SEPO's released SNIS path: set snis_samples >= 1 (M=2)")
         self.needs_trajectory = self.states == "trace"  # type: ignore[misc]
+        self.trajectory_record = COMMIT_ORDER  # the trace states read commit_step only
 
     def __call__(self, model: Any, batch: RolloutBatch, seed: int) -> EstimatorOutput:
         generator = generator_from_seed(seed)

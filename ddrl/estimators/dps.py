@@ -40,6 +40,9 @@ def denoising_progress_scores(trajectory: Trajectory, completion_mask: Tensor, k
         raise ValueError(f"kind must be one of {', '.join(DPS_KINDS)}, got {kind!r}")
     if not 0.0 <= floor <= 1.0:
         raise ValueError(f"floor must be in [0, 1], got {floor}")
+    if trajectory.token_probs is None:
+        raise ValueError("DPS weights need trajectory.token_probs: sample with return_trajectory=True, not "
+                         "COMMIT_ORDER")
     raw = trajectory.token_probs.float()  # [B, S, L], NaN where not recorded
     recorded = torch.isfinite(raw)
     q = torch.where(recorded, raw, torch.zeros_like(raw)).clamp(0.0, 1.0)

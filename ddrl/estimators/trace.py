@@ -47,7 +47,7 @@ from torch import Tensor
 
 from ddrl.estimators.common import forward_logprobs
 from ddrl.registry import ESTIMATORS
-from ddrl.types import EstimatorOutput, RolloutBatch
+from ddrl.types import COMMIT_ORDER, EstimatorOutput, RolloutBatch
 
 
 def merged_steps(commit_step: Tensor, shrink: int) -> Tensor:
@@ -78,6 +78,7 @@ class Trace:
     formula: ClassVar[str] = "log pi(x^i) = log p(x^i | rollout state where i was committed: order>=s masked)"
     passes: ClassVar[str] = "decoding steps / shrink"
     needs_trajectory: ClassVar[bool] = True
+    trajectory_record: ClassVar[str] = COMMIT_ORDER  # reads commit_step only: no per-step token_probs
 
     def states(self, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The training states: (rows [N], masks [N, L] (True = masked), targets [N, L], order [B, L])."""

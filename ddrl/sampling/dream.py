@@ -65,6 +65,7 @@ from ddrl.sampling.base import SampleOutput, model_mask_id
 from ddrl.processes.draws import uniform_draw
 from ddrl.sampling.commit import commit_top_k
 from ddrl.sampling.trajectory import ProbRecorder
+from ddrl.types import COMMIT_ORDER
 from ddrl.sampling.utils import completion_logits
 from ddrl.types import Trajectory
 
@@ -170,7 +171,7 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DreamSe
     commit_step = torch.full((B, L), -1, dtype=torch.long, device=device)
     timesteps = torch.linspace(1, cfg.eps, cfg.steps + 1)  # float32 on the CPU (deviation (c))
     noise = None if generator is None else _Uniforms(generator, B, device)
-    recorder = ProbRecorder() if record else None
+    recorder = ProbRecorder(token_probs=record != COMMIT_ORDER) if record else None
     for i in range(cfg.steps):
         t, s, last = timesteps[i], timesteps[i + 1], i == cfg.steps - 1
         logits = completion_logits(model, prompt_ids, prompt_mask, completion, cfg_scale=0.0,
@@ -180,7 +181,7 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DreamSe
             logits[..., cfg.vocab_limit:] = float("-inf")
         masked = completion == cfg.mask_id  # [B, L]
         if recorder is not None:
-            recorder.add_step(torch.softmax(logits.float(), dim=-1), None)
+            recorder.add_step(logits, None)
         if cfg.alg == "origin":
             move = noise(L) < (1.0 if last else float(1 - s / t))  # [B, L]
             chosen = masked & move

@@ -111,6 +111,7 @@ from ddrl.sampling.checks import check_generator_given, check_prompts, check_sam
 from ddrl.sampling.commit import CommitRule, EmergeRule, commit_rule
 from ddrl.sampling.sdar import tempered_confidence
 from ddrl.sampling.trajectory import ProbRecorder, take_positions
+from ddrl.types import COMMIT_ORDER
 from ddrl.sampling.utils import NOISE_DTYPES, StepNoise, chosen_probability, gumbel_argmax
 from ddrl.types import Trajectory
 
@@ -165,7 +166,7 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule: Commit
     empty = torch.zeros_like(completion, dtype=torch.bool) if slots is None else ~slots  # never committed
     running = torch.ones(B, dtype=torch.bool, device=device)  # False once early exit filled the row
     noise = None if settings.generator is None else StepNoise(settings.generator, B, device, settings.noise_dtype)
-    recorder = ProbRecorder() if record else None
+    recorder = ProbRecorder(token_probs=record != COMMIT_ORDER) if record else None
     nfe = 0
     for start in range(0, width, block_length):
         end = min(start + block_length, width)
@@ -260,7 +261,7 @@ def _step(logits: Tensor, window: Tensor, masked: Tensor, rule: CommitRule, step
         confidence = confidence.masked_fill(~masked, float("-inf"))  # committed positions never move
     committed = rule.choose(step, confidence, masked, noise) & masked
     if recorder is not None:
-        recorder.add_step(torch.softmax(logits.float(), dim=-1), rule.step_time(step), running)
+        recorder.add_step(logits, rule.step_time(step), running)
     return torch.where(committed, x0, window), committed
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from ddrl.config import RLConfig
 from ddrl.objectives.base import Objective
 from ddrl.registry import ESTIMATORS, OBJECTIVES
-from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
+from ddrl.types import COMMIT_ORDER, EstimatorOutput, LossOutput, RolloutBatch
 
 INVALID_REWARDS = ("drop", "zero")
 
@@ -69,8 +69,15 @@ class Method:
         return self.objective.needs_ref
 
     @property
-    def needs_trajectory(self) -> bool:
-        return bool(self.objective.needs_trajectory or self.estimator.needs_trajectory)
+    def needs_trajectory(self) -> bool | str:
+        """What the sampler records (its return_trajectory): False; COMMIT_ORDER when nothing reads
+        token_probs (the trace estimator reads commit_step only: no [B, W, V] per step, ddrl.sampling.
+        trajectory); True when DPS weights (token_weights) or the estimator read them."""
+        if not (self.objective.needs_trajectory or self.estimator.needs_trajectory):
+            return False
+        estimator_reads_probs = self.estimator.needs_trajectory and getattr(self.estimator, "trajectory_record",
+                                                                            True) is True
+        return True if getattr(self.objective, "token_weights", False) or estimator_reads_probs else COMMIT_ORDER
 
     @property
     def skip_safe(self) -> bool:

@@ -12,7 +12,18 @@ import sys
 
 from tests.integration.conftest import ROOT
 
-SECTIONS = ("matmul", "rollout", "lora", "full")
+SECTIONS = ("matmul", "rollout", "lora", "full", "offload", "memory")
+CORE = ("matmul", "rollout", "lora", "full")  # run in every tree; offload and memory need code that may not be merged
+
+
+def merged() -> dict[str, bool]:
+    """Whether this tree has what the offload and memory sections call (else they must say skipped)."""
+    import inspect
+
+    from ddrl.training.distributed import shard_model
+
+    return {"offload": "cpu_offload" in inspect.signature(shard_model).parameters,
+            "memory": importlib.util.find_spec("ddrl.training.memory") is not None}
 
 
 def load_check():
@@ -30,7 +41,9 @@ def test_check_sh_tiny_writes_the_whole_report(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["finished"] and report["tiny"] and report["device"] == "cpu"
-    assert {name: report[name]["status"] for name in SECTIONS} == {name: "ok" for name in SECTIONS}
+    assert {name: report[name]["status"] for name in CORE} == {name: "ok" for name in CORE}
+    for name, present in merged().items():
+        assert report[name]["status"] == "ok" if present else report[name]["status"].startswith("skipped: ")
     assert report["matmul"]["flops_per_s"] > 0
 
     workload = report["workload"]
@@ -68,8 +81,16 @@ def test_check_sh_tiny_writes_the_whole_report(tmp_path):
                         / (large["layers"] - small["layers"]))
     assert f"{shape['n_layers']}_layers" in full["projected"]
 
+    if merged()["offload"]:
+        offload = report["offload"]
+        assert offload["layers"] == workload["full_depths"][1] and offload["master_dtype"] == "float32"
+        assert offload["weights_moved"] and offload["loss_finite"]
+    if merged()["memory"]:
+        for name in ("lora", "offload"):
+            assert report["memory"][name]["estimate_step_gb"] > 0
+
     md = (tmp_path / "report.md").read_text()
-    for line in ("## Rollout [ok]", "| none |", "| dual |", "| LoRA r", "| full, fp32 master |", "| full, per layer |"):
+    for line in ("## Rollout [ok]", "## Memory model [", "| none |", "| dual |", "| LoRA r", "| full, fp32 master |", "| full, per layer |"):
         assert line in md
 
 
