@@ -21,7 +21,8 @@ under model.mixed_precision=bf16, else b)):
                    + one no-grad forward over R rows x T tokens (one layer's transient, R T (4d + 3f) c)
                    + the block's logits R W V (c + 12): compute dtype, then ~3 fp32 temporaries
                    (Gumbel uniforms, tempered logits, softmax)
-                   + TraceRL's recorder, R W S_b V 4: fp32 probabilities of every step of a block
+                   + the trajectory recorder, R W S_b V 4: fp32 probabilities of every step of a block
+                     (methods that read token probabilities: DPS; TraceRL records commit order only)
     update         compute weights: FSDP holds ~2 gathered blocks (current + prefetch) and the root
                    (embeddings, head) in c, and one block's unsharded fp32 gradient before its
                    reduce-scatter; DDP / one process: the autocast cache P_t 2
@@ -56,7 +57,7 @@ from typing import Any
 GB = 1e9
 DEFAULT_PROMPT_TOKENS = 256  # a chat-formatted math/code prompt, when rollout.max_prompt_length is unset
 LOGPROB_CHUNK_ELEMENTS = 2**24  # ddrl.ops.logprobs.CHUNK_ELEMENTS: logits alive at once when scoring
-RECORDER_BYTES = 4  # TraceRL's trajectory recorder keeps float32 [B, W, V] per step of a block
+RECORDER_BYTES = 4  # a full trajectory record keeps float32 [B, W, V] per step of a block (DPS)
 
 
 @dataclass(frozen=True)
@@ -280,9 +281,9 @@ def _rollout_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strateg
     terms = _compute_weights(strategy, shape, counts, c, bf16, whole=True)
     terms["no-grad forward (one layer)"] = R * T * (4 * d + 3 * shape.ffn) * c
     terms["block logits + fp32 temporaries"] = R * W * shape.vocab * (c + 12)
-    if method.needs_trajectory:
+    if method.needs_trajectory is True:  # COMMIT_ORDER (TraceRL) keeps [B, W] ints, no vocabulary dimension
         steps_per_block = max(1, r.steps // max(1, math.ceil(r.gen_length / W)))
-        terms["TraceRL recorder"] = R * W * steps_per_block * shape.vocab * RECORDER_BYTES
+        terms["trajectory recorder"] = R * W * steps_per_block * shape.vocab * RECORDER_BYTES
     return terms
 
 

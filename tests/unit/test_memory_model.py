@@ -49,13 +49,19 @@ def test_full_fine_tuning_of_8b_on_one_h200_is_refused_unless_offloaded():
     check_fits(est, H200)
 
 
-def test_fsdp_shards_the_state_and_traceRL_counts_its_recorder():
+def test_fsdp_shards_the_state_and_the_recorder_is_counted_only_where_it_keeps_probabilities():
     cfg = load_config(ROOT / "configs/paper/tracerl_llada8b.yaml", [], RLConfig)
     one, eight = estimate_memory(cfg, LLADA_8B, 1), estimate_memory(cfg, LLADA_8B, 8)
     assert eight.held["AdamW state"] == pytest.approx(one.held["AdamW state"] / 8)
-    # 32 rows x 32 slots x 16 steps per block x V x 4 B per rank at 8 GPUs (512 steps / 16 blocks)
-    assert eight.phases["rollout"]["TraceRL recorder"] == pytest.approx(32 * 32 * 32 * 126464 * 4)
     assert "gathered weights (generation)" in eight.phases["rollout"]
+    # TraceRL records commit order only ([B, W] ints); DPS keeps fp32 [B, W, V] per step of a block
+    assert "trajectory recorder" not in eight.phases["rollout"]
+    daca = load_config(ROOT / "configs/paper/daca_grpo_llada8b.yaml", [], RLConfig)  # its DPS weights read them
+    r, t = daca.rollout, daca.train
+    rows, width = t.prompts_per_step // 8 * t.group_size, min(r.block_length or r.gen_length, r.gen_length)
+    steps_per_block = r.steps // -(-r.gen_length // width)
+    assert estimate_memory(daca, LLADA_8B, 8).phases["rollout"]["trajectory recorder"] == pytest.approx(
+        rows * width * steps_per_block * 126464 * 4)
 
 
 def test_shapes_are_read_from_config_json():
