@@ -52,7 +52,10 @@ class LoraConfig:
 class ModelConfig:
     path: str | None = None  # a saved model directory (built-in or Hugging Face); None = build from the fields below
     process: str = "masked"  # forward process when building from scratch: masked | uniform | block
-    schedule: str = "linear"  # noise schedule alpha_t: linear | cosine
+    # backbone to build from scratch: transformer (ddrl's Denoiser) | mdlm_dna (the DRAKES / SEPO DNA CNN:
+    # d_model channels, n_layers stacks, max_seq_len bases; masked process, loglinear schedule, mask id 4)
+    architecture: str = "transformer"
+    schedule: str = "linear"  # noise schedule alpha_t: linear | cosine | loglinear (MDLM's; architecture mdlm_dna)
     d_model: int = 128  # built-in transformer width
     n_layers: int = 4  # built-in transformer depth
     n_heads: int = 4  # attention heads
@@ -511,7 +514,8 @@ def validate(cfg: Any) -> None:
     if model is not None:
         if model.path is None:
             _choice(model.process, PROCESSES.names(), "model.process")
-        _choice(model.schedule, ("linear", "cosine"), "model.schedule")
+        _choice(model.schedule, ("linear", "cosine", "loglinear"), "model.schedule")
+        _choice(model.architecture, ("transformer", "mdlm_dna"), "model.architecture")
         _choice(model.dtype, ("float32", "bfloat16"), "model.dtype")
         _choice(model.mixed_precision, MIXED_PRECISION, "model.mixed_precision")
         if model.dtype == "bfloat16" and model.lora.rank == 0 and isinstance(cfg, RLConfig):

@@ -132,10 +132,11 @@ def encode_completions(tokenizer: Any, completions: list[str], gen_length: int,
                        device: torch.device | str = "cpu") -> Tensor:
     """Gold completions for pretraining: tokens, then EOS, EOS-padded to gen_length. [B, L] long.
 
-    A completion exactly gen_length tokens long gets no EOS (fixed-length tasks such as Sudoku).
+    A completion exactly gen_length tokens long gets no EOS (fixed-length tasks such as Sudoku); a tokenizer
+    without EOS (DNA) needs every completion to be exactly gen_length tokens.
     """
     eos = tokenizer.eos_token_id
-    out = torch.full((len(completions), gen_length), eos, dtype=torch.long)
+    out = torch.full((len(completions), gen_length), 0 if eos is None else eos, dtype=torch.long)
     for i, text in enumerate(completions):
         ids = list(tokenizer.encode(text))
         if len(ids) > gen_length:
@@ -143,6 +144,9 @@ def encode_completions(tokenizer: Any, completions: list[str], gen_length: int,
                 f"a gold completion is {len(ids)} tokens but gen_length is {gen_length}; "
                 f"raise sampler.gen_length to at least {len(ids)}"
             )
+        if eos is None and len(ids) != gen_length:
+            raise ValueError(f"a gold completion is {len(ids)} tokens, and the tokenizer has no EOS to pad it: "
+                             f"set sampler.gen_length to the completions' length ({gen_length} now)")
         out[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
     return out.to(device)
 

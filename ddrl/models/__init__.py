@@ -113,7 +113,8 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
 
 def build_model(model_cfg: Any, tokenizer: Any, *, process_spec: dict[str, Any] | None = None,
                 generator_seed: int = 0) -> DiffusionLM:
-    """A freshly initialised built-in DiffusionLM sized by a ddrl.config.ModelConfig.
+    """A freshly initialised built-in DiffusionLM sized by a ddrl.config.ModelConfig (architecture mdlm_dna:
+    the DNA CNN with its own tokenizer and process; `tokenizer` and `process_spec` are then unused).
 
     The initial weights depend only on generator_seed (the global RNG is not used).
     """
@@ -121,6 +122,10 @@ def build_model(model_cfg: Any, tokenizer: Any, *, process_spec: dict[str, Any] 
         raise ValueError(
             f"model.path={model_cfg.path!r} is set: load that model with load_model, or unset model.path to build one"
         )
+    if model_cfg.architecture == "mdlm_dna":  # the DNA CNN brings its own tokenizer and process
+        from ddrl.models.mdlm_dna import build_mdlm_dna
+
+        return build_mdlm_dna(model_cfg, generator_seed)
     spec = process_spec or make_process_spec(model_cfg.process, mask_token_id=tokenizer.mask_token_id,
                                              schedule=model_cfg.schedule)
     if spec["name"] == "block" and model_cfg.block_size is None:

@@ -120,6 +120,24 @@ def _wrap(backbone: MDLMDNABackbone) -> MDLMDNADiffusionLM:
                               family=FAMILY, suppress_mask_logit=True)
 
 
+def build_mdlm_dna(model_cfg: Any, generator_seed: int = 0) -> MDLMDNADiffusionLM:
+    """A freshly initialised MDLM DNA model sized by a ddrl.config.ModelConfig with architecture=mdlm_dna, for
+    `ddrl pretrain`: d_model -> hidden_dim, n_layers -> num_cnn_stacks, max_seq_len -> length. The family
+    fixes the rest (DNA tokenizer, mask id 4, masked process with MDLM's loglinear schedule, subs), so the
+    config must say so. The weights depend only on generator_seed (the global RNG is forked and restored)."""
+    wanted = {"process": "masked", "schedule": SCHEDULE}
+    for key, value in wanted.items():
+        if getattr(model_cfg, key) != value:
+            raise ValueError(f"model.architecture=mdlm_dna needs model.{key}={value} (MDLM's DNA model), "
+                             f"got {getattr(model_cfg, key)!r}")
+    config = MDLMDNAConfig(hidden_dim=model_cfg.d_model, num_cnn_stacks=model_cfg.n_layers,
+                           length=model_cfg.max_seq_len, dropout=model_cfg.dropout)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(generator_seed)
+        backbone = MDLMDNABackbone(config)  # torch's default conv / linear init, as the released model's
+    return _wrap(backbone)
+
+
 def is_lightning_checkpoint(path: str | Path) -> bool:
     return Path(path).is_file() and Path(path).suffix == ".ckpt"
 

@@ -147,6 +147,12 @@ class DNAEnhancerTask(FileTask):
     def _split_key(self, example: dict[str, Any]) -> str:
         return example["seq"]
 
+    def pretrain_pairs(self, n: int, seed: int = 0) -> list[dict[str, str]]:
+        """n unconditional {"prompt": "", "completion": seq} pairs from the train rows (dev and test held out),
+        for `ddrl pretrain` with model.architecture=mdlm_dna. Both of pretrain's draws (train and its held-out
+        loss) come from these rows: the dev split is the held-out check."""
+        return [{"prompt": "", "completion": ex["seq"]} for ex in self.train_examples(n, seed=seed)]
+
     def _all_rows(self) -> list[dict[str, Any]]:
         rows = list(self._split_rows("test")) if self.source.has("test") else []
         return rows + (list(self._split_rows("train")) + list(self._split_rows("dev")) if self.source.has("train")

@@ -76,6 +76,9 @@ def pretrain(config: str | Path | dict | PretrainConfig, overrides: list[str] | 
         model = load_model(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code, block_size=cfg.model.block_size,
                            require_tokenizer=True)
         tokenizer = model.tokenizer
+    elif cfg.model.architecture == "mdlm_dna":  # the DNA CNN brings its own tokenizer and process
+        model = build_model(cfg.model, None, generator_seed=derive_seed(cfg.seed, "init") % 2**31)
+        tokenizer = model.tokenizer
     else:
         tokenizer = SymbolTokenizer(task.symbols())
         model = build_model(cfg.model, tokenizer, process_spec=_process_spec(cfg, task, tokenizer),

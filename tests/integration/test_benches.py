@@ -26,3 +26,12 @@ def test_bench_memory_tiny_runs_on_cpu(capsys):
     assert [r["config"] for r in rows] == ["lora+gc"]
     assert 0 < rows[0]["trainable_M"] < rows[0]["params_M"] and rows[0]["step_s"] > 0
     assert "| lora+gc |" in capsys.readouterr().out
+
+
+def test_sepo_dna_story_quick_runs_on_cpu(capsys):
+    result = load_bench("sepo_dna_story").main(["--quick"])
+    for name in ("base", "sepo", "diffu_grpo"):
+        test = result[name]["test"]
+        assert test["n"] == 16 and math.isfinite(test["loglik_mean"]) and test["loglik_mean"] < 0
+    assert result["sepo"]["lr"] == 1e-3 and math.isfinite(result["sepo"]["gain"]["value"])
+    assert "| sepo | 16 |" in capsys.readouterr().out
