@@ -258,6 +258,7 @@ class DataConfig:
     jsonl: str | None = None  # a JSONL file with "prompt" and "completion" fields; None = the task's generator
     n_train: int = 5000  # training examples drawn from the task generator
     n_heldout: int = 256  # held-out examples for the loss
+    prompt_dropout: float = 0.0  # fraction of each batch trained on the empty prompt "" (CFG's unconditional branch)
 
 
 @dataclass

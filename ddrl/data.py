@@ -189,6 +189,18 @@ def completion_mask(completion_ids: Tensor, eos_token_id: int | Iterable[int] | 
     return before_first
 
 
+def encode_image_codes(model: Any, codes: Sequence[Sequence[int]], gen_length: int,
+                       device: torch.device | str = "cpu") -> Tensor:
+    """Gold image completions for pretraining: codebook indices -> vocabulary ids, code c at
+    model.image_token_range[0] + c. [B, gen_length] long."""
+    first, end = (int(v) for v in model.image_token_range)
+    out = torch.tensor([list(row) for row in codes], dtype=torch.long)  # [B, L]
+    if out.dim() != 2 or out.shape[1] != gen_length or bool(((out < 0) | (out >= end - first)).any()):
+        raise ValueError(f"image codes must be {gen_length} codebook indices in [0, {end - first}) per example, "
+                         f"got shape {list(out.shape)}")
+    return (out + first).to(device)
+
+
 def decode_completions(tokenizer: Any, completion_ids: Tensor,
                        stop_token_ids: int | Iterable[int] | None = None) -> list[str]:
     """Decode each row up to (not including) its first stop token, without special tokens.
@@ -220,7 +232,9 @@ def decode_completions(tokenizer: Any, completion_ids: Tensor,
 class TaskCompletions:
     """What a task scores, decoded from a batch of completion ids [n, L]."""
 
-    texts: list[str]  # [n] text up to the first stop token; "" for an image completion (it has no text)
+    # [n] text up to the first stop token; for an image, "" or the task's image_texts(images) (a caption of
+    # the pixels that evaluation rows keep: the digits toy writes its gray levels)
+    texts: list[str]
     images: Tensor | None = None  # [n, 3, H, W] float32 in [0, 1], model.decode_images(codes); image tasks
 
     def reward_inputs(self) -> dict[str, Any]:
@@ -233,7 +247,9 @@ def _text_completions(model: Any, task: Any, completion_ids: Tensor) -> TaskComp
 
 
 def _image_completions(model: Any, task: Any, completion_ids: Tensor) -> TaskCompletions:
-    return TaskCompletions([""] * len(completion_ids), decode_image_ids(model, completion_ids, task_image_grid(task)))
+    images = decode_image_ids(model, completion_ids, task_image_grid(task))
+    describe = getattr(task, "image_texts", None)
+    return TaskCompletions(describe(images) if describe is not None else [""] * len(completion_ids), images)
 
 
 MODALITIES: dict[str, Callable[[Any, Any, Tensor], TaskCompletions]] = {

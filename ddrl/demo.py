@@ -9,8 +9,9 @@ reference sampler) that solves far fewer when it must decode 8 tokens per model 
 with 2-step rollouts and only the verifier's reward, scored on held-out puzzles with 2 steps; the
 table also shows the 16-step score, which RL must not break. (Its first story, a model pretrained on
 easy puzzles and RL'd on hard ones, did not generalise at this scale: docs/methods.md.)
-digits: a uniform-diffusion model of 8x8 digits; UDM-GRPO optimises prompt following as judged by
-a held-out classifier, which likelihood training does not optimise directly.
+digits: UDM-GRPO's own system in miniature: a tiny URSA pipeline (checkpoints/digits-ursa, a VQ
+codebook of gray levels, the metric path and its CTMC sampler) whose decoded 8x8 pixels a held-out
+classifier scores; UDM-GRPO optimises prompt following, which likelihood training does not optimise.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def run_demo(task: str = "mini_sudoku", method: str | None = None, steps: int | 
     start = time.perf_counter()
     trainer = Trainer(cfg)
     steps = cfg.eval.steps or cfg.rollout.steps  # sampler steps of the held-out score
-    few_step = cfg.model.process != "uniform" and steps < cfg.rollout.gen_length
+    # parallel decoding (k tokens per call) has a one-token reference only where tokens are unmasked
+    few_step = getattr(trainer.model.process, "name", None) in ("masked", "block") and steps < cfg.rollout.gen_length
     reference_before = reference_score(trainer) if few_step else None
     run_dir = trainer.run()
     elapsed = time.perf_counter() - start

@@ -26,7 +26,8 @@ ddrl.sampling.metric_path (rollout.name=metric_path). The latent grid of an imag
 model.image_shape (h, w), else square.
 
 The prompt is URSA's: the text tokenized, truncated and left-padded to max_prompt_length (320, the
-pipeline's default; set model.max_prompt_length) with the pad token *attended* (their pipeline passes
+pipeline's default, or the tokenizer's model_max_length where that is smaller, as in the digits toy
+whose prompt is one word: ddrl.models.ursa_init; set model.max_prompt_length) with the pad token *attended* (their pipeline passes
 no mask), then <bov>. model.tokenizer (URSATokenizer) encodes every prompt in that fixed-length layout
 (encode_prompt), so ddrl's trainer and eval, which tokenize then left-pad to the widest row
 (ddrl.data.tokenize_prompts, pad_prompts), add no padding and get a mask of ones: the batch
@@ -259,8 +260,12 @@ def load_ursa(path: str | Path, *, device: torch.device | str | None = None, dty
                                   f"transformer's lm_vocab_size is {lo} (codes start there); use the pipeline's own")
     pad = getattr(hf_tokenizer, "pad_token_id", None)
     mask_id = mask_token_id if mask_token_id is not None else (pad if pad is not None else config.bov_token_id)
+    # the pipeline's 320, or the tokenizer's model_max_length where smaller (a toy's 1-word prompts)
+    max_prompt = min(DEFAULT_MAX_PROMPT_LENGTH, int(getattr(hf_tokenizer, "model_max_length", None) or
+                                                    DEFAULT_MAX_PROMPT_LENGTH))
     tokenizer = None if hf_tokenizer is None else URSATokenizer(hf_tokenizer, mask_token_id=mask_id,
-                                                                bov_token_id=config.bov_token_id)
+                                                                bov_token_id=config.bov_token_id,
+                                                                max_prompt_length=max_prompt)
     sched = {k: v for k, v in scheduler_config.items() if not k.startswith("_")}
     spec = {"name": "metric_path", "num_classes": hi - lo, "offset": lo,
             **{k: sched[k] for k in ("alpha", "c", "shift") if k in sched}}

@@ -13,6 +13,9 @@ an MLP: about as accurate here (96% vs 97% held-out) and much less confident on 
 0.52 vs 0.92 on uniform-noise images), which makes the reward harder to hack.
 
 An image is written as 64 single-character gray symbols, "a" (level 0) .. "q" (level 16), row-major.
+On the URSA path (task digits_image) the reward reads decoded pixels instead (`images=` [n, 3, 8, 8] in
+[0, 1]): the gray level of a pixel is round(16 x its channel mean) (`pixels_to_levels`), then the same
+classifier.
 """
 
 from __future__ import annotations
@@ -91,6 +94,24 @@ def digits_class_probabilities(completions: list[str]) -> list[np.ndarray | None
         for i, p in zip(valid, digits_classifier().predict_proba(x)):
             out[i] = p
     return out
+
+
+def pixels_to_levels(images: Any) -> np.ndarray:
+    """Pixels [n, C, 8, 8] in [0, 1] (a tensor or array) -> gray levels [n, 64] int: round(16 x channel mean)."""
+    x = np.asarray(images.detach().cpu().float() if hasattr(images, "detach") else images, dtype=np.float64)
+    if x.ndim != 4 or x.shape[2] * x.shape[3] != N_PIXELS:
+        raise ValueError(f"expected images [n, C, 8, 8], got shape {list(x.shape)}")
+    levels = np.rint(x.mean(axis=1).reshape(len(x), N_PIXELS) * (N_LEVELS - 1))
+    return np.clip(levels, 0, N_LEVELS - 1).astype(np.int64)
+
+
+def digits_pixel_reward(completions: list[str], images: Any = None, label: Any = None,
+                        **_: Any) -> list[float | None]:
+    """p(prompted class | decoded pixels) from the held-out classifier (pixels_to_levels, then as
+    digits_classifier_reward); None without a label."""
+    if images is None:
+        raise ValueError("digits_pixel_reward scores decoded pixels: it needs images=[n, 3, 8, 8] (an image task)")
+    return digits_classifier_reward([encode_image(im) for im in pixels_to_levels(images)], label=label)
 
 
 def as_label(value: Any) -> int | None:

@@ -27,8 +27,9 @@ import numpy as np
 
 from ddrl.registry import TASKS
 from ddrl.rewards.composite import column_value
-from ddrl.rewards.image import (CLASS_SYMBOLS, GRAY_SYMBOLS, N_CLASSES, N_PIXELS, as_label, decode_image,
-                                digits_classifier_reward, digits_predicted_class, digits_splits, encode_image)
+from ddrl.rewards.image import (CLASS_SYMBOLS, GRAY_SYMBOLS, N_CLASSES, N_LEVELS, N_PIXELS, as_label, decode_image,
+                                digits_classifier_reward, digits_pixel_reward, digits_predicted_class, digits_splits,
+                                encode_image, pixels_to_levels)
 from ddrl.tasks import Task, check_format
 
 
@@ -142,3 +143,40 @@ class DigitsTask(Task):
             out.extend({"prompt": CLASS_SYMBOLS[int(labels[i])], "completion": encode_image(images[i])}
                        for i in order[: n - len(out)])
         return out
+
+
+@TASKS.register("digits_image")
+class DigitsImageTask(DigitsTask):
+    """The digits task on UDM-GRPO's own system (docs/udm_digits_ursa.md): the completion is an 8x8 image of
+    codes from the model's gray-level codebook (code k = gray level k: ddrl.models.ursa_init), decoded to
+    pixels by the model's VQ decoder; reward and prompt following read the pixels (digits_pixel_reward).
+    Same prompts, splits and eval_breakdown as digits: rows keep each image as its gray-level string
+    (image_texts)."""
+
+    name = "digits_image"
+    modality = "image"
+    image_grid = (8, 8)
+    image_levels = N_LEVELS  # the codebook: one code per gray level
+    uniform_symbols = None  # the images are codes of the model's codebook, not symbols
+
+    def reward(self, completions: list[str], **columns: Any) -> list[float | None]:
+        return digits_pixel_reward(completions, **columns)
+
+    def correct(self, completions: list[str], **columns: Any) -> list[bool]:
+        images = columns.pop("images", None)
+        if images is None:
+            raise ValueError("digits_image scores decoded pixels: correct() needs images=[n, 3, 8, 8]")
+        return super().correct([encode_image(im) for im in pixels_to_levels(images)], **columns)
+
+    def image_texts(self, images: Any) -> list[str]:
+        """Pixels [n, 3, 8, 8] -> gray-level strings (what evaluation rows and eval_breakdown read)."""
+        return [encode_image(im) for im in pixels_to_levels(images)]
+
+    def symbols(self) -> list[str]:
+        """The prompt words (the tokenizer of ddrl.models.ursa_init); images are codes, not symbols."""
+        return list(CLASS_SYMBOLS)
+
+    def pretrain_pairs(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """n (class symbol, codes) pairs: the digits pairs with each image as its 64 gray levels = codes."""
+        return [{"prompt": p["prompt"], "codes": decode_image(p["completion"])}
+                for p in super().pretrain_pairs(n, seed)]

@@ -30,6 +30,7 @@ SHIPPED = {
     "sudoku-masked": ("configs/pretrain/sudoku_masked.yaml", {"min_empty": 12, "max_empty": 16}, 256),
     "digits-uniform": ("configs/pretrain/digits_uniform.yaml", {}, 1000),  # scored with its config's sampler (T=1)
     "digits-masked": ("configs/pretrain/digits_masked.yaml", {}, 1000),
+    "digits-ursa": ("configs/pretrain/digits_ursa.yaml", {}, 1000),  # an URSA pipeline folder; sampled at T=1
     "countdown-block": ("configs/pretrain/countdown_block.yaml", {}, 1000),
 }
 # How a card names its interval (ddrl.eval.stats.Estimate.method); {} = the number of clusters.
@@ -50,7 +51,7 @@ def make(name: str, extra_overrides: list[str] | None = None, reuse: bool = Fals
     overrides = [f"output_dir={out_dir}", *(extra_overrides or [])]
     cfg = load_config(ROOT / config, overrides, PretrainConfig)
     start = time.perf_counter()
-    if reuse and (out_dir / "final" / "config.json").exists():
+    if reuse and any((out_dir / "final" / f).exists() for f in ("config.json", "model_index.json")):
         from ddrl.training.logging import read_metrics
 
         final = out_dir / "final"
@@ -66,11 +67,14 @@ def make(name: str, extra_overrides: list[str] | None = None, reuse: bool = Fals
         shutil.rmtree(target)
     shutil.copytree(final, target)
     n_params = sum(p.numel() for p in model.parameters())
+    what = (f"URSA pipeline (the official diffusers layout: a {model.process_spec['name']} denoiser over a VQ "
+            f"codebook, with its VQ decoder)" if model.family == "ursa"
+            else f"{model.process_spec['name']}-diffusion denoiser")
     card = [
         f"# {name}",
         "",
-        f"A tiny {model.process_spec['name']}-diffusion denoiser ({n_params / 1e6:.2f}M parameters) made by "
-        f"`ddrl pretrain {config}` (rebuild: `make checkpoints`).",
+        f"A tiny {what} ({n_params / 1e6:.2f}M parameters) made by `ddrl pretrain {config}` (rebuild: "
+        f"`make checkpoints`).",
         "",
         f"- pretraining data: task `{cfg.task.name}` with args `{json.dumps(train_task_args)}`, "
         f"{cfg.data.n_train} examples; {cfg.train.steps} steps of batch {cfg.train.batch_size}",
@@ -101,7 +105,7 @@ def card_scores(name: str, model, cfg) -> list[str]:
     task = get_task(cfg.task.name, **{**task_kwargs(cfg.task), **eval_args})
     sampler = {"name": cfg.sampler.name, "steps": cfg.sampler.steps, "gen_length": cfg.sampler.gen_length,
                "block_length": cfg.sampler.block_length,
-               "temperature": cfg.sampler.temperature if cfg.model.process == "uniform" else 0.0}
+               "temperature": cfg.sampler.temperature if cfg.model.process in ("uniform", "metric_path") else 0.0}
 
     def score(steps: int) -> str:
         r = evaluate(model, task, n=n, sampler={**sampler, "steps": steps}, seed=0, split="test")

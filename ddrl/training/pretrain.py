@@ -2,7 +2,10 @@
 
 The loss is the forward process's own: the masked NELBO (MDLM/LLaDA, 1/t-weighted), the uniform
 NELBO (UDLM) or cross-entropy, or for block diffusion the one-pass staircase ELBO (BD3-LM style),
-all on completion tokens only; the prompt is never noised (as in LLaDA SFT).
+all on completion tokens only; the prompt is never noised (as in LLaDA SFT). model.process=metric_path
+builds a tiny URSA pipeline over the task's gray-level codebook (ddrl.models.ursa_init; task pairs carry
+image "codes") and trains it with URSA's cross-entropy on the metric path; data.prompt_dropout trains
+that fraction of each batch on the empty prompt, the unconditional branch of URSA's guidance.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ddrl.config import PretrainConfig, load_config, save_config, task_kwargs
-from ddrl.data import encode_completions, encode_prompts, prompt_budget
+from ddrl.data import encode_completions, encode_image_codes, encode_prompts, prompt_budget
+from ddrl.processes.draws import uniform_draw
 from ddrl.training.common import (build_optimizer, build_scheduler, check_writable, derive_seed,
                                   make_generator, pick_device)
 from ddrl.training.logging import MetricsLogger
@@ -52,6 +56,24 @@ def _process_spec(cfg: PretrainConfig, task: Any, tokenizer: Any) -> dict[str, A
     return make_process_spec(cfg.model.process, mask_token_id=tokenizer.mask_token_id, schedule=cfg.model.schedule)
 
 
+def _init_ursa(cfg: PretrainConfig, task: Any, out: Path, pairs: list[dict]) -> Any:
+    """model.process=metric_path: a fresh tiny URSA pipeline over the task's gray levels, written to
+    <output_dir>/init and read back like any URSA directory (ddrl.models.ursa_init)."""
+    from ddrl.models import load_model
+    from ddrl.models.ursa_init import write_gray_level_pipeline
+
+    levels = getattr(task, "image_levels", None)
+    if not levels or "codes" not in pairs[0]:
+        raise ValueError(f"model.process=metric_path builds an URSA model over a task's gray-level codebook: task "
+                         f"{task.name!r} has no image_levels / image codes (use digits_image)")
+    path = write_gray_level_pipeline(
+        out / "init", words=task.symbols(), levels=int(levels), hidden_size=cfg.model.d_model,
+        num_layers=cfg.model.n_layers, num_heads=cfg.model.n_heads, ffn_mult=cfg.model.ffn_mult,
+        max_prompt_length=max(len(p["prompt"].split()) for p in pairs), seed=derive_seed(cfg.seed, "init") % 2**31,
+        max_position_embeddings=cfg.model.max_seq_len)
+    return load_model(path, require_tokenizer=True)
+
+
 def _loss(model: Any, x0: torch.Tensor, eligible: torch.Tensor, attn: torch.Tensor, P: int,
           generator: torch.Generator) -> torch.Tensor:
     """The process's own loss on completion positions (block: one staircase pass over all blocks)."""
@@ -78,6 +100,8 @@ def pretrain(config: str | Path | dict | PretrainConfig, overrides: list[str] | 
         tokenizer = model.tokenizer
     elif cfg.model.architecture == "mdlm_dna":  # the DNA CNN brings its own tokenizer and process
         model = build_model(cfg.model, None, generator_seed=derive_seed(cfg.seed, "init") % 2**31)
+    elif cfg.model.process == "metric_path":
+        model = _init_ursa(cfg, task, out, train_pairs)
         tokenizer = model.tokenizer
     else:
         tokenizer = SymbolTokenizer(task.symbols())
@@ -92,14 +116,22 @@ def pretrain(config: str | Path | dict | PretrainConfig, overrides: list[str] | 
     def encode(pairs: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         p_ids, p_mask = encode_prompts(tokenizer, [p["prompt"] for p in pairs], max_length=max_prompt,
                                        max_prompt_length=cfg.sampler.max_prompt_length)
-        c_ids = encode_completions(tokenizer, [p["completion"] for p in pairs], L)
+        if "codes" in pairs[0]:  # an image task: codebook indices
+            c_ids = encode_image_codes(model, [p["codes"] for p in pairs], L)
+        else:
+            c_ids = encode_completions(tokenizer, [p["completion"] for p in pairs], L)
         x0 = torch.cat([p_ids, c_ids], 1)  # [N, T]
         attn = torch.cat([p_mask, torch.ones_like(c_ids, dtype=torch.bool)], 1)
         eligible = torch.zeros_like(attn)
         eligible[:, p_ids.shape[1]:] = True
         return x0, attn, eligible, p_ids.shape[1]
 
-    x_train, a_train, e_train, P = encode(train_pairs)
+    dropout = cfg.data.prompt_dropout
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"data.prompt_dropout must be in [0, 1), got {dropout}")
+    # with prompt dropout, each pair is encoded twice (its prompt, then ""), padded together
+    n_train = len(train_pairs)
+    x_train, a_train, e_train, P = encode(train_pairs + ([{**p, "prompt": ""} for p in train_pairs] if dropout else []))
     x_held, a_held, e_held, P_held = encode(held_pairs)
     t = cfg.train
     opt = build_optimizer(model.parameters(), t.lr, t.weight_decay)
@@ -113,7 +145,9 @@ def pretrain(config: str | Path | dict | PretrainConfig, overrides: list[str] | 
     held_loss = float("nan")
     for step in bar:
         g = make_generator(derive_seed(cfg.seed, "pretrain", step))
-        rows = torch.randint(0, x_train.shape[0], (t.batch_size,), generator=g)
+        rows = torch.randint(0, n_train, (t.batch_size,), generator=g)
+        if dropout:  # row i + n_train is pair i with the prompt ""
+            rows = torch.where(uniform_draw((t.batch_size,), generator=g) < dropout, rows + n_train, rows)
         loss = _loss(model, x_train[rows].to(device), e_train[rows].to(device), a_train[rows].to(device), P, g)
         opt.zero_grad(set_to_none=True)
         loss.backward()

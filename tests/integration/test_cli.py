@@ -85,3 +85,15 @@ def test_eval_names_sampler_settings_as_flags(tiny_sudoku_model):
     assert "--sampler='block' does not fit" in proc.stderr and "rollout." not in proc.stderr, proc.stderr
     proc = ddrl("eval", "--model", tiny_sudoku_model, "--task", "mini_sudoku", "--n", 2, "--threshold", 2)
     assert proc.returncode == 2 and "--threshold must be in (0, 1]" in proc.stderr, proc.stderr
+
+
+def test_demo_digits_runs_on_the_ursa_path(tmp_path):
+    """`ddrl demo --task digits`: the shipped URSA pipeline, metric-path rollouts, pixel reward, one RL step."""
+    proc = ddrl("demo", "--task", "digits", "--steps", 1, "--eval-n", 16, "--output-dir", tmp_path / "demo")
+    assert proc.returncode == 0, proc.stderr
+    assert "checkpoints/digits-ursa" in proc.stdout and "prompt following" in proc.stdout, proc.stdout
+    assert "gain on the test split, same 16 examples" in proc.stdout, proc.stdout
+    rows = [json.loads(line) for line in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
+    assert any("reward/mean" in r for r in rows), rows[:2]
+    report = [json.loads(line) for line in (tmp_path / "demo" / "eval" / "report-step-1.jsonl").read_text().splitlines()]
+    assert len(report) == 16 and all(len(r["completions"][0]) == 64 for r in report)  # gray-level strings
