@@ -100,6 +100,7 @@ def pretrain(config: str | Path | dict | PretrainConfig, overrides: list[str] | 
         tokenizer = model.tokenizer
     elif cfg.model.architecture == "mdlm_dna":  # the DNA CNN brings its own tokenizer and process
         model = build_model(cfg.model, None, generator_seed=derive_seed(cfg.seed, "init") % 2**31)
+        tokenizer = model.tokenizer
     elif cfg.model.process == "metric_path":
         model = _init_ursa(cfg, task, out, train_pairs)
         tokenizer = model.tokenizer
