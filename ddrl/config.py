@@ -137,6 +137,9 @@ class MethodConfig:
     reuse_masks: bool | None = None  # every inner iteration reuses iteration 0's masks (DiPOD); None = default
     ratio_noise: float = 0.0  # stress mode: std of Gaussian noise added to log-ratios ("exploding weights")
     elbo_reg: float = 0.0  # DiPOD on-policy ELBO regulariser weight lambda (0 = off)
+    moe_aux_loss_coef: float = 0.0  # a mixture of experts' (LLaDA2) router balance loss added to the loss with
+    # this weight (ddrl.models.moe_balance: DeepSeek-V3's sequence-wise form); 0 = off, as the released models
+    # and RL recipes run them (auxiliary-loss-free balancing through expert_bias)
 
 
 @dataclass

@@ -18,7 +18,7 @@ under model.mixed_precision=bf16, else b)):
     rollout        compute weights: FSDP all-gathers the whole model for generation (P c); DDP or
                    one process under bf16 autocast caches a bf16 copy of every fp32 weight that
                    requires grad for the whole autocast block (P_t 2)
-                   + one no-grad forward over R rows x T tokens (one layer's transient, R T (4d + 3f) c)
+                   + one no-grad forward over R rows x T tokens (one layer's transient, R T (4d + 3f + x) c)
                    + the block's logits R W V (c + 12): compute dtype, then ~3 fp32 temporaries
                    (Gumbel uniforms, tempered logits, softmax)
                    + the trajectory recorder, R W S_b V 4: fp32 probabilities of every step of a block
@@ -28,7 +28,7 @@ under model.mixed_precision=bf16, else b)):
                    reduce-scatter; DDP / one process: the autocast cache P_t 2
                    + activations of one micro-batch, m rows x k copies x T tokens:
                      gradient checkpointing: every block's input (L d c) + one block recomputed
-                     else every block's activations L (6d + 2 kv + 4f) c, SwiGLU, attention by SDPA
+                     else every block's activations L (6d + 2 kv + 4f + x) c, SwiGLU, attention by SDPA
                      (no T x T matrix)
                      + the final hidden states T d c and one chunk of 2**24 logits (c + 12 bytes
                      each): log p(target) is computed chunk by chunk, no [T, V] logits
@@ -41,9 +41,19 @@ steps per block, m = rows per micro-batch (train.micro_batch_size, micro_batch_r
 all of a rank's rows), k = the estimator's masked copies per row (num_mc, copies, num_t; a coupled
 pair counts 2), taken as batched in one forward (an upper bound where an estimator loops).
 
+Mixtures of experts (LLaDA2.0/2.1-mini: 16.3B parameters, 1.43B active). Weights, gradients, AdamW
+state, the reference copy and FSDP's gathered units count every parameter (P: all experts; an FSDP unit
+is a whole block, every expert in it); activations count what one token runs through: the widest
+block's active SwiGLU width f = (K + shared) x expert width (9 x 512 = 4608, against the dense first
+block's 5120: the larger is taken), plus x, an MoE block's dispatch per token: 3 K d (its K routed
+copies of the input, the experts' outputs and the weighted outputs) and the router's fp32 logits and
+scores (2 E x 4 bytes); x = 0 for a dense model. K = experts per token, E = routed experts. The auxiliary balance loss (method.moe_aux_loss_coef) adds [E] per sequence and layer.
+LoRA on gate/up/down_proj adapts every expert of an MoE block.
+
 Not counted: the CUDA context and allocator fragmentation (~1-3 GB per GPU), NCCL buffers, the
 tokenizer and data. The shapes of the /path/to/... placeholders of configs/paper are the published
-config.json's (PLACEHOLDER_SHAPES; LLaDA-8B as bench/gpu/check.py's LLADA_8B).
+config.json's (PLACEHOLDER_SHAPES; LLaDA-8B as bench/gpu/check.py's LLADA_8B; LLaDA2.0/2.1-mini as
+yjyddq/DARE @ 83ae8a3 models/LLaDA2.0-mini/config.json).
 """
 
 from __future__ import annotations
@@ -62,24 +72,53 @@ RECORDER_BYTES = 4  # a full trajectory record keeps float32 [B, W, V] per step 
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the estimate reads of a model: a transformer of n_layers SwiGLU blocks."""
+    """What the estimate reads of a model: a transformer of n_layers SwiGLU blocks, the last
+    n_layers - dense_layers of them mixtures of experts when experts > 0 (LLaDA2: module doc, MoE)."""
 
     d_model: int
     n_layers: int
     n_heads: int
     n_kv_heads: int
-    ffn: int  # SwiGLU hidden width (gate and up each d x ffn, down ffn x d)
+    ffn: int  # SwiGLU hidden width (gate and up each d x ffn, down ffn x d) of a dense block
     vocab: int
     tied: bool = False  # input embedding and LM head share one matrix
+    head_dim: int | None = None  # None = d_model / n_heads
+    experts: int = 0  # routed experts of an MoE block (0: every block dense)
+    experts_per_token: int = 0  # k routed experts each token runs
+    shared_experts: int = 0  # always-on experts, one SwiGLU of width shared_experts x expert_ffn
+    expert_ffn: int = 0  # an expert's SwiGLU hidden width (moe_intermediate_size)
+    dense_layers: int = 0  # leading dense blocks of an MoE model (first_k_dense_replace)
 
     @property
     def kv_dim(self) -> int:
-        return self.d_model // self.n_heads * self.n_kv_heads
+        return (self.head_dim or self.d_model // self.n_heads) * self.n_kv_heads
+
+    @property
+    def q_dim(self) -> int:
+        return (self.head_dim or self.d_model // self.n_heads) * self.n_heads
+
+    @property
+    def moe_layers(self) -> int:
+        return self.n_layers - self.dense_layers if self.experts else 0
+
+    def _block(self, ffn_params: int) -> int:
+        d = self.d_model
+        return 2 * d * self.q_dim + 2 * d * self.kv_dim + ffn_params + 2 * d
+
+    @property
+    def dense_block_params(self) -> int:
+        return self._block(3 * self.d_model * self.ffn)
+
+    @property
+    def moe_block_params(self) -> int:
+        """Attention, the router (experts x d) and every expert, routed and shared."""
+        d, f = self.d_model, self.expert_ffn
+        return self._block(self.experts * d + 3 * d * f * (self.experts + self.shared_experts))
 
     @property
     def block_params(self) -> int:
-        d = self.d_model
-        return 2 * d * d + 2 * d * self.kv_dim + 3 * d * self.ffn + 2 * d
+        """The largest block: one FSDP unit, gathered whole (all of an MoE block's experts)."""
+        return self.moe_block_params if self.moe_layers else self.dense_block_params
 
     @property
     def root_params(self) -> int:
@@ -88,23 +127,56 @@ class ModelShape:
 
     @property
     def params(self) -> int:
-        return self.n_layers * self.block_params + self.root_params
+        """Every parameter: what weights, gradients and AdamW state count."""
+        return ((self.n_layers - self.moe_layers) * self.dense_block_params + self.moe_layers * self.moe_block_params
+                + self.root_params)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token runs through: an MoE block's router, k routed and the shared experts."""
+        d, f = self.d_model, self.expert_ffn
+        active_moe = self._block(self.experts * d + 3 * d * f * (self.experts_per_token + self.shared_experts))
+        return ((self.n_layers - self.moe_layers) * self.dense_block_params + self.moe_layers * active_moe
+                + self.root_params)
+
+    @property
+    def active_ffn(self) -> int:
+        """The SwiGLU width one token runs through in the widest block: what activations count."""
+        if not self.moe_layers:
+            return self.ffn
+        moe = (self.experts_per_token + self.shared_experts) * self.expert_ffn
+        return max(moe, self.ffn if self.dense_layers else 0)
+
+    @property
+    def dispatch_width(self) -> int:
+        """Per-token elements an MoE block adds to its activations: the k routed copies of the token's
+        input, of the experts' outputs and of the weighted outputs (k d each; ddrl's routed_experts),
+        and the router's fp32 logits and scores (2 E, counted in elements of 4 bytes as 2 x 2)."""
+        return 3 * self.experts_per_token * self.d_model + 4 * self.experts if self.moe_layers else 0
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each block linear by its module names in every family ddrl loads."""
-        d, kv, f = self.d_model, self.kv_dim, self.ffn
-        return {"q_proj": (d, d), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (d, d), "attn_out": (d, d),
+        d, kv, f, q = self.d_model, self.kv_dim, self.ffn, self.q_dim
+        return {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d), "attn_out": (q, d),
+                "query_key_value": (d, q + 2 * kv), "dense": (q, d),
                 "gate_proj": (d, f), "ff_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d), "ff_out": (f, d)}
 
     def lora_params(self, rank: int, targets: list[str]) -> int:
         """A and B of every adapted block linear: rank x (in + out) each. A regex entry ("re:...") is
-        counted as every linear of a block (an upper bound)."""
+        counted as every linear of a block (an upper bound). In an MoE block gate/up/down_proj are
+        every expert's (routed and shared), at the expert width."""
         shapes = self.linear_shapes()
         if any(t.startswith("re:") for t in targets):
             names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
         else:
             names = [n for n in shapes if any(t == n or t.endswith("." + n) for t in targets)]
-        return self.n_layers * sum(rank * sum(shapes[n]) for n in names)
+        dense = sum(rank * sum(shapes[n]) for n in names)
+        if not self.moe_layers:
+            return self.n_layers * dense
+        mlp = [n for n in names if n in ("gate_proj", "up_proj", "down_proj")]
+        expert = (self.experts + self.shared_experts) * rank * (self.d_model + self.expert_ffn) * len(mlp)
+        moe = sum(rank * sum(shapes[n]) for n in names if n not in mlp) + expert
+        return (self.n_layers - self.moe_layers) * dense + self.moe_layers * moe
 
 
 # Published config.json shapes of the models the paper recipes name with /path/to/... placeholders.
@@ -116,8 +188,13 @@ URSA_1_7B = ModelShape(d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8, ffn=
 # SEPO's DRAKES MDLM DNA CNN (ddrl.models.native.mdlm_dna): 20 dilated convolutions of kernel 9 over 128
 # channels plus a time Dense each (~10 d^2 parameters), counted as blocks of that size (ffn 2d)
 MDLM_DNA = ModelShape(d_model=128, n_layers=20, n_heads=1, n_kv_heads=1, ffn=256, vocab=5)
+# LLaDA2.0-mini / LLaDA2.1-mini (same config.json: yjyddq/DARE @ 83ae8a3 models/LLaDA2.0-mini/config.json):
+# 16.3B parameters, 1.43B active; the first block dense, 19 of 256 routed experts (8 per token) + 1 shared
+LLADA2_MINI = ModelShape(d_model=2048, n_layers=20, n_heads=16, n_kv_heads=4, ffn=5120, vocab=157184, head_dim=128,
+                         experts=256, experts_per_token=8, shared_experts=1, expert_ffn=512, dense_layers=1)
 PLACEHOLDER_SHAPES = {"LLaDA-8B": LLADA_8B, "MMaDA-8B": LLADA_8B, "Dream-v0-Instruct-7B": QWEN25_7B,
-                      "DiffuCoder-7B": QWEN25_7B, "URSA-1.7B": URSA_1_7B, "mdlm_dna": MDLM_DNA}
+                      "DiffuCoder-7B": QWEN25_7B, "URSA-1.7B": URSA_1_7B, "mdlm_dna": MDLM_DNA,
+                      "LLaDA2.0-mini": LLADA2_MINI, "LLaDA2.1-mini": LLADA2_MINI}
 
 
 def shape_from_config(config: dict[str, Any]) -> ModelShape:
@@ -137,8 +214,14 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
 
         ffn = swiglu_hidden(d)
     tied = bool(pick("tie_word_embeddings", "weight_tying", "tie_embeddings", default=False))
+    experts = int(pick("num_experts", "n_routed_experts", default=0) or 0)  # MoE (LLaDA2's llada2_moe)
+    moe = dict(experts=experts, experts_per_token=int(pick("num_experts_per_tok", default=0) or 0),
+               shared_experts=int(pick("num_shared_experts", "n_shared_experts", default=0) or 0),
+               expert_ffn=int(pick("moe_intermediate_size", default=0) or 0),
+               dense_layers=int(pick("first_k_dense_replace", default=0) or 0)) if experts else {}
     return ModelShape(d_model=d, n_layers=layers, n_heads=heads, n_kv_heads=pick("n_kv_heads", "num_key_value_heads",
-                      default=heads), ffn=ffn, vocab=pick("embedding_size", "vocab_size"), tied=tied)
+                      default=heads), ffn=ffn, vocab=pick("embedding_size", "vocab_size"), tied=tied,
+                      head_dim=pick("head_dim"), **moe)
 
 
 def model_shape(path: str) -> ModelShape:
@@ -279,7 +362,7 @@ def _rollout_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strateg
     R = cfg.train.prompts_per_step // world * cfg.train.group_size
     W, d = min(r.block_length or r.gen_length, r.gen_length), shape.d_model
     terms = _compute_weights(strategy, shape, counts, c, bf16, whole=True)
-    terms["no-grad forward (one layer)"] = R * T * (4 * d + 3 * shape.ffn) * c
+    terms["no-grad forward (one layer)"] = R * T * (4 * d + 3 * shape.active_ffn + shape.dispatch_width) * c
     terms["block logits + fp32 temporaries"] = R * W * shape.vocab * (c + 12)
     if method.needs_trajectory is True:  # COMMIT_ORDER (TraceRL) keeps [B, W] ints, no vocabulary dimension
         steps_per_block = max(1, r.steps // max(1, math.ceil(r.gen_length / W)))
@@ -293,8 +376,8 @@ def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy
     per_rank = t.prompts_per_step // world * t.group_size
     rows = t.micro_batch_rows if t.micro_batch_rows and method.has_rows else (t.micro_batch_size or per_rank)
     tokens = min(rows, per_rank if not method.has_rows else rows) * estimator_copies(method) * T
-    d, kv, f, L = shape.d_model, shape.kv_dim, shape.ffn, shape.n_layers
-    block = tokens * (6 * d + 2 * kv + 4 * f) * c
+    d, kv, f, L = shape.d_model, shape.kv_dim, shape.active_ffn, shape.n_layers
+    block = tokens * (6 * d + 2 * kv + 4 * f + shape.dispatch_width) * c
     terms = _compute_weights(strategy, shape, counts, c, bf16, whole=False)
     if cfg.model.gradient_checkpointing:
         terms["activations (checkpointed)"] = tokens * L * d * c + block

@@ -12,6 +12,7 @@ method needs is stated in one place and checked at start-up:
     method.mask_seed_iteration(k)                       which inner iteration's masks iteration k uses
     method.prepare(batch)                               per-rollout inputs (DACA's token weights)
     method.loss(mb, new, old, ref, counts)              objective + DiPOD's ELBO regulariser
+    method.moe_aux_loss_coef                            the routers' balance loss weight (the trainer adds it)
 """
 
 from __future__ import annotations
@@ -49,8 +50,11 @@ class Method:
     elbo_reg: float = 0.0  # DiPOD's on-policy ELBO regulariser weight λ added to the loss (0 = off)
     fresh_masks: bool = False  # a new estimator-mask seed for every pass (StableDRL)
     reuse_masks: bool = False  # every inner iteration uses iteration 0's masks (DiPOD as released)
+    moe_aux_loss_coef: float = 0.0  # weight of the routers' balance loss (ddrl.models.moe_balance; 0 = off)
 
     def __post_init__(self) -> None:
+        if self.moe_aux_loss_coef < 0:
+            raise ValueError(f"method.moe_aux_loss_coef={self.moe_aux_loss_coef} must be >= 0 (0 = off)")
         if self.fresh_masks and self.reuse_masks:
             raise ValueError("method.fresh_masks and method.reuse_masks exclude each other: fresh masks draw new "
                              "masks for every pass, reused masks keep iteration 0's; set one of them to false")
@@ -83,7 +87,8 @@ class Method:
     def skip_safe(self) -> bool:
         """Every loss term is multiplied by the row's advantage: a group whose advantages are all 0
         carries no gradient and may be left out of the update."""
-        return self.objective.advantage_weighted and self.objective.kl_weight == 0.0 and self.elbo_reg == 0.0
+        return (self.objective.advantage_weighted and self.objective.kl_weight == 0.0 and self.elbo_reg == 0.0
+                and self.moe_aux_loss_coef == 0.0)
 
     def mask_seed_iteration(self, k: int) -> int:
         """The inner iteration whose mask seed iteration k uses."""
@@ -169,4 +174,5 @@ def build_method(cfg: RLConfig) -> Method:
     )
     fresh = objective.fresh_masks if m.fresh_masks is None else m.fresh_masks
     reuse = objective.reuse_masks if m.reuse_masks is None else m.reuse_masks
-    return Method(objective, estimator, advantage, elbo_reg=elbo_reg, fresh_masks=bool(fresh), reuse_masks=bool(reuse))
+    return Method(objective, estimator, advantage, elbo_reg=elbo_reg, fresh_masks=bool(fresh), reuse_masks=bool(reuse),
+                  moe_aux_loss_coef=float(m.moe_aux_loss_coef))

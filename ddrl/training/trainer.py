@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from ddrl.config import RLConfig, SamplerConfig, load_config, save_config, task_kwargs
 from ddrl.data import (completion_mask, is_stop, model_stop_ids, pad_prompts, prompt_budget, task_completions,
                        tokenize_prompts, truncate_prompts)
+from ddrl.models.moe_balance import RouterBalance
 from ddrl.processes.draws import RowGenerators
 from ddrl.registry import SAMPLERS
 from ddrl.training import checkpoint as ckpt
@@ -94,6 +95,8 @@ class Trainer:
         self.ref_model = self._make_reference() if self.method.needs_ref else None
         self.wrapped = self._place_models(cfg.model.mixed_precision)
         self.policy = ModelHandle(self.wrapped, self.model)
+        # the routers' balance loss, recorded around each micro-batch's loss forwards (method.moe_aux_loss_coef)
+        self.balance = RouterBalance(self.model) if self.method.moe_aux_loss_coef else contextlib.nullcontext()
         self.autocast = compute_context(self.device, cfg.model.mixed_precision, self.strategy)
         sharded = t.sharded_checkpoints
         self.sharded_checkpoints = self.strategy == "fsdp" if sharded == "auto" else bool(sharded)
@@ -513,7 +516,7 @@ class Trainer:
                 for j, mb in enumerate(share):
                     # one all-reduce a step; DDP decides in forward whether the backward syncs: both inside
                     with gradient_sync(self.wrapped, enabled=j == len(share) - 1):
-                        with self.autocast:
+                        with self.autocast, self.balance:
                             new = self._estimate(self.policy, mb, step, k, "cur")
                             if mb.extras.get("padding"):
                                 loss, stats = zero_loss(new), {}
@@ -522,6 +525,10 @@ class Trainer:
                                     new.detach() if self.objective.needs_old else None)
                                 out = self.method.loss(mb, new, o, ref[k][m][j], counts[m])
                                 loss, stats = out.loss, out.stats
+                                if self.method.moe_aux_loss_coef:  # a mean over the step's micro-batches and ranks
+                                    aux = self.balance.loss()
+                                    coef = self.method.moe_aux_loss_coef / (len(share) * self.dist.world_size)
+                                    loss, stats = loss + coef * aux, {**stats, "moe_aux_loss": aux}
                         (loss * self.dist.world_size).backward()  # DDP averages; we want the global sum
                     total = total + loss.detach().float()
                     for name, v in stats.items():

@@ -4,7 +4,7 @@ format, a tiny checkpoint in the official layout, and one RL step with a finite 
 The recipes name placeholder paths (/path/to/...); the test points them at files it writes in the
 papers' formats (GSM8K jsonl, MATH rows, d1's Countdown jsonl and the hub's, d1's Sudoku CSV, MBPP
 jsonl, GenEval's metadata jsonl and the PickScore / OCR .txt prompt lists) and at
-tests/fixtures/{llada,dream,ursa}/model (official layouts: hub folders, URSA's diffusers pipeline folder).
+tests/fixtures/{llada,dream,ursa}/model and tests/fixtures/llada2/model-2.0 (official layouts: hub folders, URSA's diffusers pipeline folder).
 A text-to-image recipe's reward becomes a tiny random CLIP directory (pickscore) or a reward server on
 loopback (server) serving a fixed function of the image.
 
@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAPER = ROOT / "configs/paper"
 RECIPES = sorted(PAPER.rglob("*.yaml"))
 MODELS = {"llada": ROOT / "tests/fixtures/llada/model", "dream": ROOT / "tests/fixtures/dream/model",
-          "ursa": ROOT / "tests/fixtures/ursa/model", "dna": ROOT / "tests/fixtures/sepo_dna/tiny_mdlm_dna.ckpt"}
+          "ursa": ROOT / "tests/fixtures/ursa/model", "dna": ROOT / "tests/fixtures/sepo_dna/tiny_mdlm_dna.ckpt",
+          "llada2": ROOT / "tests/fixtures/llada2/model-2.0"}
 FILE_TASKS = ("gsm8k", "math500", "countdown", "sudoku4x4", "mbpp", "text_to_image")  # read from train/test_path
 FULL_FT = ("stable_drl", "coupled_grpo", "tracerl", "udm_grpo", "unigrpo")  # released as full fine-tuning
 
@@ -40,6 +41,8 @@ FULL_FT = ("stable_drl", "coupled_grpo", "tracerl", "udm_grpo", "unigrpo")  # re
 def _family(cfg: RLConfig, path: Path) -> str:
     """Which tiny checkpoint stands in for the recipe's model (by its placeholder path)."""
     name = Path(cfg.model.path or "").name.lower()
+    if "llada2" in name:  # LLaDA2.0/2.1-mini: the official-format tiny MoE (tests/fixtures/make_llada2.py)
+        return "llada2"
     if "llada" in name:
         return "llada"
     if "dream" in name or "diffucoder" in name:
@@ -163,9 +166,11 @@ def _shrink(cfg: RLConfig, family: str, tmp_path: Path) -> list[str]:
         out += ["rollout.gen_length=8", "rollout.steps=8"]  # the tiny checkpoint's length
     else:
         out += ["rollout.gen_length=8", "rollout.steps=8"]
-        if cfg.rollout.name in ("auto", "masked", "block"):
+        if family == "llada2":  # a block model decodes its own blocks (the fixture's 32, as the real one's)
+            out.append("rollout.block_length=null")
+        elif cfg.rollout.name in ("auto", "masked", "block"):
             out.append("rollout.block_length=8")
-    if "block_length" in cfg.method.estimator_args:
+    if "block_length" in cfg.method.estimator_args and family != "llada2":
         out.append("method.estimator_args.block_length=8")  # SPG's per-block masks: one block of 8
     if t.group_filter is not None:  # 8 tokens never reach a stop token: every answer would count as cut off
         out.append("train.truncated_reward=null")

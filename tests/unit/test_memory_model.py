@@ -113,3 +113,55 @@ def test_dist_timeout_reaches_init_process_group(monkeypatch):
     monkeypatch.setattr(distributed.dist, "get_world_size", lambda: 2)
     distributed.init_distributed(None, torch.device("cpu"), timeout_s=1800)
     assert seen["timeout"] == timedelta(seconds=1800) and seen["backend"] == "gloo"
+
+
+def test_llada2_mini_counts_every_expert_in_the_state_and_the_active_ones_in_activations():
+    """LLaDA2.0-mini's published config.json (yjyddq/DARE @ 83ae8a3 models/LLaDA2.0-mini/config.json):
+    16B parameters, ~1.4B active; the placeholder resolves to it, the state counts all 16B and the
+    activations the active width only."""
+    from ddrl.training.memory import LLADA2_MINI
+
+    assert model_shape("/path/to/LLaDA2.0-mini") is LLADA2_MINI
+    assert model_shape("/path/to/LLaDA2.1-mini") is LLADA2_MINI
+    # by hand: attention 2 d (H hd) + 2 d (H_kv hd) = 10,485,760; dense SwiGLU 3 d 5120; router 256 d;
+    # experts 3 d 512 each, 256 routed + 1 shared; norms 2 d; root 2 V d + d
+    d, attn, norms = 2048, 2 * 2048 * 2048 + 2 * 2048 * 512, 2 * 2048
+    dense = attn + 3 * d * 5120 + norms
+    moe = attn + 256 * d + 257 * 3 * d * 512 + norms
+    active = attn + 256 * d + 9 * 3 * d * 512 + norms
+    root = 2 * 157184 * d + d
+    assert LLADA2_MINI.params == dense + 19 * moe + root
+    assert LLADA2_MINI.active_params == dense + 19 * active + root
+    assert 16.2e9 < LLADA2_MINI.params < 16.3e9 and 1.40e9 < LLADA2_MINI.active_params < 1.45e9
+    from ddrl.training.memory import estimator_copies
+    from ddrl.training.method import build_method
+
+    full = load_config(ROOT / "configs/paper/stable_drl_llada8b.yaml", [
+        "model.path=/path/to/LLaDA2.0-mini", "train.micro_batch_size=2", "model.gradient_checkpointing=false",
+        "rollout.max_prompt_length=256"],
+        RLConfig)
+    est = estimate_memory(full, model_shape(full.model.path), 8)
+    assert est.held["AdamW state"] == pytest.approx(2 * 4 * LLADA2_MINI.params / 8)  # all experts' moments
+    assert est.phases["update"]["gathered blocks + root"] == pytest.approx((2 * moe + root) * 2)  # whole MoE blocks
+    # activations: the active width max((8 + 1) x 512, 5120), not 257 x 512, plus the dispatch 3 x 8 d + 4 E
+    tokens = 2 * estimator_copies(build_method(full)) * (full.rollout.max_prompt_length + full.rollout.gen_length)
+    per_token = 6 * d + 2 * 512 + 4 * 5120 + 3 * 8 * d + 4 * 256
+    assert est.phases["update"]["activations"] == pytest.approx(20 * tokens * per_token * 2)
+
+
+def test_moe_shape_read_from_the_tiny_llada2_checkpoint_counts_its_parameters():
+    """shape_from_config on the official-format tiny LLaDA2 equals the loaded model's parameter count
+    (every expert), and its active count is that minus the routed experts a token does not run."""
+    import json
+
+    from ddrl.models.native.llada2 import LLaDA2Backbone
+
+    directory = ROOT / "tests/fixtures/llada2/model-2.0"
+    shape = model_shape(str(directory))
+    model = LLaDA2Backbone.from_pretrained(directory)
+    norms = sum(p.numel() for n, p in model.named_parameters() if "layernorm" in n and "attention." in n)
+    assert shape.params == sum(p.numel() for p in model.parameters()) - norms  # qk-norms (2 hd a layer) not modelled
+    raw = json.loads((directory / "config.json").read_text())
+    E, K = raw["num_experts"], raw["num_experts_per_tok"]
+    routed = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    assert shape.params - shape.active_params == routed * (E - K) // E

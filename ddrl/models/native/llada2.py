@@ -48,7 +48,8 @@ given (their 4-D masks are additive floats; True here = 0 there).
 dense layers' and the experts' gate_proj / up_proj / down_proj (shared and routed alike) are
 nn.Linear and can be wrapped. The router `mlp.gate` is not an nn.Linear and is never wrapped: under
 LoRA it is frozen with the rest of the base model; in full fine-tuning its weight trains (the
-expert_bias is a buffer, never trained).
+expert_bias is a buffer, never trained: the released models balance without an auxiliary loss, and so
+does RL here unless method.moe_aux_loss_coef > 0, ddrl.models.moe_balance).
 """
 
 from __future__ import annotations
@@ -226,6 +227,8 @@ class LLaDA2MLP(nn.Module):
 
 class LLaDA2Router(nn.Module):
     """`mlp.gate`: sigmoid scores + expert bias, group-limited top-k, in float32 (module doc)."""
+
+    moe_router = True  # ddrl.models.moe_balance finds it (method.moe_aux_loss_coef)
 
     def __init__(self, cfg: LLaDA2Config):
         super().__init__()
