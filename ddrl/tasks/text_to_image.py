@@ -112,6 +112,11 @@ class TextToImageTask(FileTask):
 
 
 @TASKS.register("text_to_image")
-def text_to_image_task(**kwargs: Any) -> Task:
-    """Text-to-image RL on prompt files (TextToImageTask); image_grid and the reward are required args."""
+def text_to_image_task(*, preset: str | None = None, **kwargs: Any) -> Task:
+    """Text-to-image RL on prompt files (TextToImageTask); image_grid and the reward are required args.
+
+    preset: none exists for images; `preset: null` lets a recipe based on a text recipe clear its
+    preset (configs/paper/maskgrpo/t2i_mmada.yaml on ../maskgrpo_llada8b.yaml)."""
+    if preset is not None:
+        raise ValueError(f"task text_to_image has no presets (got preset={preset!r}); set task.args.preset=null")
     return TextToImageTask(**kwargs)

@@ -245,3 +245,16 @@ def test_a_saved_t2i_model_reloads_with_its_decoder(t2i_model, tmp_path):
     assert type(again).__name__ == "MMaDAImageLM" and again.vq_path == t2i_model.vq_path
     assert again.image_token_range == again.logits_range == (132, 196)
     assert again.tokenizer.encode_prompt("dog") == t2i_model.tokenizer.encode_prompt("dog")
+
+
+def test_text_to_image_task_takes_a_cleared_preset_and_refuses_a_real_one(tmp_path):
+    """A per-task image recipe based on a text recipe clears its preset (configs/paper/maskgrpo/t2i_mmada.yaml)."""
+    from ddrl.tasks import get_task
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a red cat\na blue dog\n")
+    args = dict(image_grid=[2, 2], reward=lambda completions, **c: [0.0] * len(completions),
+                train_path=str(prompts), test_path=str(prompts))
+    assert get_task("text_to_image", preset=None, **args).name == "text_to_image"
+    with pytest.raises(ValueError, match="no presets"):
+        get_task("text_to_image", preset="d1", **args)
