@@ -200,8 +200,8 @@ def bench_sudoku(args: argparse.Namespace) -> list[dict]:
             "variants": {label: {"completions": r["completions"].tolist(), "solved": solved[label],
                                  "nfe": r["nfe"], "fed": r["fed"], "seconds": r["seconds"]}
                          for label, r in results.items()}}))
-    print_table(rows, f"{args.task}: {len(examples)} {args.split} puzzles ({args.min_empty}-{args.max_empty} blanks), gen {L}, "
-                      f"block {block}, {L} steps (reference), temperature {args.temperature}, batch {args.batch}, "
+    print_table(rows, f"{args.task}: {len(examples)} {args.split} puzzles ({args.min_empty}-{args.max_empty} blanks), "
+                      f"gen {L}, block {block}, {L} steps (reference), temperature {args.temperature}, batch {args.batch}, "
                       f"threads {torch.get_num_threads()}")
     return rows
 
