@@ -3,7 +3,8 @@
 Every variant samples the same prompts with the same model and seed, in one process, variants
 interleaved and repeated, and the best time of each is kept (shared machines: compare ratios).
 
-    python bench/bench_sampler.py sudoku  [--model DIR] [--n 128] [--batch 64] [--block 27]
+    python bench/bench_sampler.py sudoku  [--model DIR] [--n 128] [--batch 64] [--block 27] [--split test]
+                                          [--dump FILE] [--quick]
     python bench/bench_sampler.py random  [--d-model 128] [--n-layers 4] [--gen 256] [--block 32] [--batch 8]
     python bench/bench_sampler.py percall [--d-model 128] [--n-layers 4] [--batch 8]
     (all: [--threads 1] [--repeats 2] [--json])
@@ -11,8 +12,14 @@ interleaved and repeated, and the best time of each is kept (shared machines: co
 sudoku   9x9 Sudoku (81-token answers), greedy, the built-in model `checkpoints/sudoku-masked`
          (else runs/pretrain/sudoku-masked/final; make it with
          `ddrl pretrain configs/pretrain/sudoku_masked.yaml output_dir=runs/pretrain/sudoku-masked`),
-         held-out puzzles of its pretraining difficulty. Reports tokens/s, speedup, model calls,
-         tokens fed per call, accuracy (solved) and cell accuracy, and token agreement with the reference.
+         puzzles of the sealed test split (--split) at its pretraining difficulty. Reports tokens/s,
+         the wall-clock speedup, model calls and the call ratio (reference calls / calls), tokens fed
+         and the fed-token ratio (reference / variant; both independent of the machine's load),
+         accuracy (solved, Wilson 95% interval), cell accuracy, token agreement with the reference,
+         and each variant's solve rate minus the reference's on the same puzzles with a paired
+         bootstrap 95% interval over puzzles (clusters: the solution grid; ddrl/eval/stats.py).
+         --dump writes every puzzle's completion and verdict per variant (JSON), to compare runs
+         across commits puzzle by puzzle. --quick: 8 puzzles, two variants (a smoke test).
 random   a random-weight built-in model, gen 256 in blocks of 32, one token per step: raw speed of
          the cache modes (a random model is never confident, so thresholds do not apply).
 percall  one forward call's time against the number of tokens fed: the fixed cost per call that
@@ -93,6 +100,8 @@ def compare(model: Any, batches: list, base: SamplerConfig, vs: list[Variant], r
 
 
 def table(results: dict, generated: int, extra: dict[str, dict] | None = None) -> list[dict]:
+    """One row per variant. `speedup` is wall-clock (moves with the machine's load); `calls_ratio`
+    (reference model calls / calls) and `fed_ratio` (reference fed tokens / fed tokens) are counts."""
     ref = results["reference"]
     rows = []
     for label, r in results.items():
@@ -101,7 +110,9 @@ def table(results: dict, generated: int, extra: dict[str, dict] | None = None) -
             "tokens_per_s": generated / r["seconds"],
             "speedup": ref["seconds"] / r["seconds"],
             "model_calls": r["nfe"],
+            "calls_ratio": ref["nfe"] / r["nfe"],
             "fed_tokens_vs_ref": r["fed"] / ref["fed"],
+            "fed_ratio": ref["fed"] / r["fed"] if r["fed"] else float("nan"),
             "agree_with_ref": (r["completions"] == ref["completions"]).float().mean().item(),
             "seconds": r["seconds"],
         }
@@ -133,6 +144,29 @@ def default_model_dir() -> Path:
                      "output_dir=runs/pretrain/sudoku-masked` first, or pass --model DIR")
 
 
+def solve_rate_rows(task: Any, examples: list[dict], solved: dict[str, list[bool]]) -> dict[str, dict]:
+    """Per variant: accuracy with its Wilson 95% interval, and the paired change against the
+    reference on the same puzzles (bootstrap over puzzles, or over solution grids where a task's
+    puzzles share grids), in points."""
+    from ddrl.eval.stats import gain_estimate, rate_estimate
+    from ddrl.tasks.base import cluster_keys
+
+    clusters = cluster_keys(task, examples)
+    ref = [float(s) for s in solved["reference"]]
+    out = {}
+    for label, verdicts in solved.items():
+        acc = rate_estimate(sum(verdicts), len(verdicts))
+        row = {"accuracy": acc.mean, "accuracy_95": f"[{acc.lo:.3f}, {acc.hi:.3f}]"}
+        if label != "reference":
+            gain = gain_estimate(ref, [float(v) for v in verdicts], clusters=clusters)
+            row.update({"vs_ref_pt": gain.mean * 100, "vs_ref_95": f"[{gain.lo * 100:+.1f}, {gain.hi * 100:+.1f}]",
+                        "vs_ref_lo_pt": gain.lo * 100, "vs_ref_hi_pt": gain.hi * 100,
+                        "only_ref_solved": sum(r and not v for r, v in zip(solved["reference"], verdicts)),
+                        "only_variant_solved": sum(v and not r for r, v in zip(solved["reference"], verdicts))})
+        out[label] = row
+    return out
+
+
 def bench_sudoku(args: argparse.Namespace) -> list[dict]:
     """9x9 Sudoku (or, with --task mini_sudoku, the 4x4 task of the shipped RL configs)."""
     from ddrl.models import load_model
@@ -141,7 +175,7 @@ def bench_sudoku(args: argparse.Namespace) -> list[dict]:
     model = load_model(args.model or default_model_dir()).eval()
     task = get_task(args.task, min_empty=args.min_empty, max_empty=args.max_empty)
     cells = get_task(args.task, min_empty=args.min_empty, max_empty=args.max_empty, reward="partial")
-    examples = task.test_examples(n=args.n, seed=0)  # the same puzzles for every --seed
+    examples = task.examples(args.split, n=args.n, seed=0)  # the same puzzles for every --seed
     L = task.gen_length
     block = args.block or (27 if L == 81 else L)
     batches = [encode_prompts(model.tokenizer, [ex["prompt"] for ex in examples[lo:lo + args.batch]])
@@ -151,14 +185,23 @@ def bench_sudoku(args: argparse.Namespace) -> list[dict]:
     chosen = [v for v in variants(full=True) if not args.only or v.label in ("reference", *args.only)]
     results = compare(model, batches, base, chosen, args.repeats, seed=args.seed)
     columns = {c: [ex[c] for ex in examples] for c in ("puzzle", "solution")}
-    extra = {}
+    solved, cell_scores = {}, {}
     for label, r in results.items():
         texts = decode_completions(model.tokenizer, r["completions"], model_stop_ids(model))
-        extra[label] = {"accuracy": sum(task.correct(texts, **columns)) / len(texts),
-                        "cell_accuracy": statistics.mean(cells.reward(texts, **columns))}
+        solved[label] = list(task.correct(texts, **columns))
+        cell_scores[label] = cells.reward(texts, **columns)
+    extra = solve_rate_rows(task, examples, solved)
+    for label in results:
+        extra[label]["cell_accuracy"] = statistics.mean(cell_scores[label])
     rows = table(results, len(examples) * L, extra)
-    print_table(rows, f"{args.task}: {len(examples)} puzzles ({args.min_empty}-{args.max_empty} blanks), gen {L}, "
-                      f"block {block}, {L} steps (reference), temperature {args.temperature}, batch {args.batch}, "
+    if args.dump:
+        Path(args.dump).write_text(json.dumps({
+            "args": {k: v for k, v in vars(args).items()}, "puzzles": columns["puzzle"],
+            "variants": {label: {"completions": r["completions"].tolist(), "solved": solved[label],
+                                 "nfe": r["nfe"], "fed": r["fed"], "seconds": r["seconds"]}
+                         for label, r in results.items()}}))
+    print_table(rows, f"{args.task}: {len(examples)} {args.split} puzzles ({args.min_empty}-{args.max_empty} blanks), "
+                      f"gen {L}, block {block}, {L} steps (reference), temperature {args.temperature}, batch {args.batch}, "
                       f"threads {torch.get_num_threads()}")
     return rows
 
@@ -240,6 +283,11 @@ def main(argv: list[str] | None = None):
     p.add_argument("--task", default="sudoku", choices=("sudoku", "mini_sudoku"), help="sudoku: the task")
     p.add_argument("--temperature", type=float, default=0.0, help="sudoku: sampling temperature (RL uses 1.0)")
     p.add_argument("--n", type=int, default=128, help="sudoku: held-out puzzles")
+    p.add_argument("--split", default="test", choices=("test", "dev"),
+                   help="sudoku: the puzzles (test: the sealed split of reported numbers; dev: for choices)")
+    p.add_argument("--dump", help="sudoku: write each puzzle's completion and verdict per variant to this JSON file")
+    p.add_argument("--quick", action="store_true",
+                   help="sudoku: a smoke run (8 puzzles, reference and dual+t0.99, one repeat)")
     p.add_argument("--min-empty", type=int, default=20, help="sudoku: blanks (the model's pretraining range)")
     p.add_argument("--max-empty", type=int, default=35)
     p.add_argument("--batch", type=int, default=None, help="rows per sampler call (sudoku 64, random/percall 8)")
@@ -254,6 +302,10 @@ def main(argv: list[str] | None = None):
     p.add_argument("--only", nargs="*", help="sudoku: only these variants (labels; the reference is always run)")
     p.add_argument("--json", action="store_true", help="also print the rows as one JSON object")
     args = p.parse_args(argv)
+    if args.quick:
+        args.n, args.repeats = 8, 1
+        args.batch = args.batch or 8
+        args.only = args.only or ["dual+t0.99"]
     torch.set_num_threads(args.threads)
     if args.batch is None:
         args.batch = 64 if args.which == "sudoku" else 8

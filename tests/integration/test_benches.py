@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import sys
 
 from tests.integration.conftest import ROOT
 
@@ -11,7 +12,11 @@ from tests.integration.conftest import ROOT
 def load_bench(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[name] = module  # dataclasses look their module up while the file runs
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.modules.pop(name, None)
     return module
 
 
@@ -35,3 +40,22 @@ def test_sepo_dna_story_quick_runs_on_cpu(capsys):
         assert test["n"] == 16 and math.isfinite(test["loglik_mean"]) and test["loglik_mean"] < 0
     assert result["sepo"]["lr"] == 1e-3 and math.isfinite(result["sepo"]["gain"]["value"])
     assert "| sepo | 16 |" in capsys.readouterr().out
+
+
+def test_bench_sampler_sudoku_quick_reports_paired_interval(tmp_path, capsys):
+    """The 9x9 fast-path table: n puzzles of the sealed test split, each variant's solve rate
+    against the reference's on the same puzzles with a paired interval, and per-puzzle dumps."""
+    import json
+
+    dump = tmp_path / "dump.json"
+    rows = load_bench("bench_sampler").main(["sudoku", "--quick", "--min-empty", "12", "--max-empty", "16",
+                                             "--dump", str(dump)])
+    by_name = {r["variant"]: r for r in rows}
+    assert set(by_name) == {"reference", "dual+t0.99"}
+    fast = by_name["dual+t0.99"]
+    assert fast["vs_ref_lo_pt"] <= fast["vs_ref_pt"] <= fast["vs_ref_hi_pt"]
+    assert fast["vs_ref_pt"] == (fast["accuracy"] - by_name["reference"]["accuracy"]) * 100
+    assert fast["calls_ratio"] > 1 and fast["fed_ratio"] > 1
+    data = json.loads(dump.read_text())
+    assert len(data["puzzles"]) == 8 and len(data["variants"]["dual+t0.99"]["solved"]) == 8
+    assert "| dual+t0.99 |" in capsys.readouterr().out
