@@ -107,7 +107,7 @@ def make_task(name: str, tmp_path: Path, **kwargs: Any):
 SIZES = {"sudoku": 2, "countdown": 4, "mini_sudoku": 16, "gsm_symbolic": 20}
 PROCEDURAL = ["mini_sudoku", "sudoku", "countdown", "gsm_symbolic"]
 FILE_TASKS = ["gsm8k", "math500", "sudoku4x4", "countdown_file", "mbpp", "text_to_image", "dna_enhancer"]
-SPECIAL = ["digits", "humaneval"]  # the same ten class prompts in every split; test-only
+SPECIAL = ["digits", "digits_image", "humaneval"]  # the same ten class prompts in every split; test-only
 ALL = PROCEDURAL + FILE_TASKS + SPECIAL
 
 
@@ -152,7 +152,7 @@ def test_procedural_splits_are_hash_buckets_of_the_held_out_side(name):
     assert DEV_SHARE == 0.5
 
 
-@pytest.mark.parametrize("name", PROCEDURAL + FILE_TASKS + ["digits"])
+@pytest.mark.parametrize("name", PROCEDURAL + FILE_TASKS + ["digits", "digits_image"])
 def test_splits_are_deterministic_streams(name, tmp_path):
     a, b = make_task(name, tmp_path), make_task(name, tmp_path)  # separate instances: no shared cache
     n = SIZES.get(name, 12)
