@@ -65,7 +65,8 @@ def run_demo(task: str = "mini_sudoku", method: str | None = None, steps: int | 
     print(f"ddrl demo: {cfg.method.objective} on {task}, model {cfg.model.path}")
     print(f"  {cfg.train.steps} RL steps x {cfg.train.prompts_per_step} prompts x G={cfg.train.group_size}, "
           f"scored on {cfg.eval.report_n or cfg.eval.n} sealed-test examples before and after, "
-          f"{cfg.eval.n} dev examples along the way (greedy)")
+          f"{cfg.eval.n} dev examples along the way "
+          f"({'greedy' if cfg.eval.temperature == 0 else f'temperature {cfg.eval.temperature:g}'})")
     start = time.perf_counter()
     trainer = Trainer(cfg)
     steps = cfg.eval.steps or cfg.rollout.steps  # sampler steps of the held-out score
