@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ddrl.models.io import ModelDirectoryError, read_json
+from ddrl.models.native.conv_layers import Upsample
 
 CLASS_NAME = "MAGVITv2"
 WEIGHTS = "pytorch_model.safetensors"
@@ -73,15 +74,6 @@ class AttnBlock(nn.Module):
         q, k, v = (f(h).flatten(2).transpose(1, 2)[:, None] for f in (self.q, self.k, self.v))  # [B, 1, HW, C]
         o = F.scaled_dot_product_attention(q, k, v)[:, 0]  # [B, HW, C]
         return x + self.proj_out(o.transpose(1, 2).reshape(B, C, H, W))
-
-
-class Upsample(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.conv = nn.Conv2d(dim, dim, 3, 1, 1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
 
 
 class _Level(nn.Module):

@@ -61,6 +61,7 @@ from ddrl.models.io import ModelDirectoryError, read_json, write_json
 from ddrl.models.native.base import (NATIVE_FAMILIES, BackboneOutput, KVCache, LayerCheckpointing, check_weight_names,
                                      finish_mask, head_output, read_weights, run_layers, weight_names, write_weights)
 from ddrl.models.native.qwen3 import Qwen3Decoder, additive_mask, rope_tables
+from ddrl.models.native.conv_layers import Upsample
 from ddrl.ops.logprobs import SUPPRESSED_LOGIT
 
 TRANSFORMER_CLASS = "URSATransformer3DModel"
@@ -362,15 +363,6 @@ class Attention(nn.Module):
         q, k, v = (f(h)[:, None] for f in (self.to_q, self.to_k, self.to_v))  # [B, 1, HW, C]
         o = F.scaled_dot_product_attention(q, k, v)[:, 0]
         return self.to_out[0](o).transpose(1, 2).reshape(B, C, H, W)
-
-
-class Upsample(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.conv = nn.Conv2d(dim, dim, 3, 1, 1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
 
 
 class UpBlock(nn.Module):
