@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -47,9 +49,23 @@ def run(recipe: str, model_dir, out, processes: int) -> None:
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
     config = ROOT / f"configs/rl/{recipe}_mini_sudoku.yaml"
-    done = subprocess.run([sys.executable, *launcher, "-m", "ddrl", "train", str(config), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    command = [sys.executable, *launcher, "-m", "ddrl", "train", str(config), *args]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    first = ""
+    if processes > 1 and killed_by_abort(done):
+        # Once in ~17 runs here (a full CI run, never reproduced in 16 direct ones) one of the 8 gloo
+        # ranks died of SIGABRT with no Python traceback and the others were stopped. A collective that
+        # is really mismatched aborts every time, so one relaunch tells a transport failure from a bug;
+        # the first attempt's log is kept in the message if the relaunch fails too.
+        first = "first attempt (SIGABRT):\n" + done.stderr[:2000] + "\n...\n"
+        shutil.rmtree(out, ignore_errors=True)
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, first + done.stdout[-2000:] + done.stderr[:3000] + "\n...\n" + done.stderr[-3000:]
+
+
+def killed_by_abort(done: subprocess.CompletedProcess) -> bool:
+    """torchrun failed because a rank was killed by SIGABRT, and no rank raised a Python exception."""
+    return done.returncode != 0 and "SIGABRT" in done.stderr and not re.search(r"exitcode\s*:\s*[1-9]", done.stderr)
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
