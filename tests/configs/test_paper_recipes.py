@@ -228,6 +228,17 @@ def test_every_method_has_its_main_recipe():
         assert any(m.startswith(sub.name + "_") for m in mains), f"configs/paper/{sub.name}/ has no main recipe"
 
 
+def test_full_attention_recipes_keep_the_exact_sampler_and_say_why():
+    """No cache is exact on a bidirectional model; Fast-dLLM's caches change the samples the loss is
+    computed for (bench/RESULTS.md), so a main recipe on LLaDA samples without one and its header says why."""
+    for path in sorted(PAPER.glob("*_llada8b.yaml")):
+        cfg = load_config(path, cls=RLConfig)
+        if cfg.rollout.name != "masked":
+            continue
+        assert cfg.rollout.cache == "none" and cfg.rollout.threshold is None, path
+        assert "# Rollout: cache none, chosen from bench/RESULTS.md" in path.read_text(), path
+
+
 def test_dream_recipes_state_the_filters_their_rollouts_ran_with():
     """DiffuCoder's coupled_grpo.py and GDSD's TLC trainer call diffusion_generate with top_p 0.95 and no
     top_k, which then came from transformers 4.x's legacy generation default, 50 (tests/fixtures/dream
