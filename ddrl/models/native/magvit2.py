@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ddrl.models.io import ModelDirectoryError, read_json
-from ddrl.models.native.conv_layers import Upsample
+from ddrl.models.native.conv_layers import Upsample, load_frozen_decoder
 
 CLASS_NAME = "MAGVITv2"
 WEIGHTS = "pytorch_model.safetensors"
@@ -151,8 +151,6 @@ class MAGVITv2Decoder(nn.Module):
     def from_pretrained(cls, directory: str | Path, *, device: torch.device | str | None = None,
                         dtype: torch.dtype | None = torch.float32) -> "MAGVITv2Decoder":
         """The official directory (config.json naming MAGVITv2 + pytorch_model.safetensors): decoder.* only."""
-        from ddrl.models.native.base import read_weights, weight_names
-
         path = Path(directory)
         if not (path / "config.json").is_file() or not (path / WEIGHTS).is_file():
             raise ModelDirectoryError(f"{str(path)!r} is not a MAGVIT-v2 directory: it needs config.json and {WEIGHTS} "
@@ -161,19 +159,4 @@ class MAGVITv2Decoder(nn.Module):
         if name != CLASS_NAME:
             raise ModelDirectoryError(f"{str(path / 'config.json')!r} names class {name!r}; ddrl decodes MMaDA's "
                                       f"{CLASS_NAME} (showlab/magvitv2) only")
-        with torch.device("meta"):
-            model = cls()
-        expected = set(model.state_dict())
-        missing = sorted(expected - weight_names(path, WEIGHTS))
-        if missing:
-            raise ModelDirectoryError(f"the weights in {str(path)!r} are not MAGVIT-v2's decoder: missing "
-                                      f"{missing[:5]}{' ...' if len(missing) > 5 else ''}")
-        state = {k: v for k, v in read_weights(path, WEIGHTS).items() if k in expected}
-        if dtype is not None:
-            state = {k: v.to(dtype) for k, v in state.items()}
-        try:
-            model.load_state_dict(state, strict=True, assign=True)
-        except RuntimeError as e:
-            raise ModelDirectoryError(f"the weights in {str(path)!r} do not fit MAGVIT-v2's decoder: {e}") from e
-        model.eval().requires_grad_(False)
-        return model.to(device) if device is not None else model
+        return load_frozen_decoder(cls, path, WEIGHTS, "MAGVIT-v2's decoder", dtype=dtype, device=device)

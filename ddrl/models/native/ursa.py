@@ -61,7 +61,7 @@ from ddrl.models.io import ModelDirectoryError, read_json, write_json
 from ddrl.models.native.base import (NATIVE_FAMILIES, BackboneOutput, KVCache, LayerCheckpointing, check_weight_names,
                                      finish_mask, head_output, read_weights, run_layers, weight_names, write_weights)
 from ddrl.models.native.qwen3 import Qwen3Decoder, additive_mask, rope_tables
-from ddrl.models.native.conv_layers import Upsample
+from ddrl.models.native.conv_layers import Upsample, load_frozen_decoder
 from ddrl.ops.logprobs import SUPPRESSED_LOGIT
 
 TRANSFORMER_CLASS = "URSATransformer3DModel"
@@ -457,20 +457,5 @@ class VQDecoder(nn.Module):
         if quantizer != "VQuantizer":
             raise ModelDirectoryError(f"{str(path / CONFIG)!r} uses {quantizer}; ddrl's VQ decoder implements the "
                                       f"VQuantizer (embedding codebook) of AutoencoderVQ only")
-        with torch.device("meta"):
-            model = cls(config)
-        expected = set(model.state_dict())
-        names = weight_names(path, WEIGHTS)
-        missing = sorted(expected - names)
-        if missing:
-            raise ModelDirectoryError(f"the weights in {str(path)!r} are not an {VAE_CLASS} decoder's for its "
-                                      f"config.json: missing {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-        state = {k: v for k, v in read_weights(path, WEIGHTS).items() if k in expected}
-        if dtype is not None:
-            state = {k: v.to(dtype) for k, v in state.items()}
-        try:
-            model.load_state_dict(state, strict=True, assign=True)
-        except RuntimeError as e:
-            raise ModelDirectoryError(f"the weights in {str(path)!r} do not fit its config.json: {e}") from e
-        model.eval().requires_grad_(False)
-        return model.to(device) if device is not None else model
+        return load_frozen_decoder(lambda: cls(config), path, WEIGHTS, f"an {VAE_CLASS} decoder's for its config.json",
+                                   dtype=dtype, device=device)
