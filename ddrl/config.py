@@ -109,6 +109,11 @@ class SamplerConfig:
     # Gumbel noise of masked/block/emerge, drawn on the model's device: float32 | float64 (the
     # reference's: its tail also reaches tempered probabilities below ~6e-8; twice the draw's memory)
     noise_dtype: str = "float32"
+    # emerge's random-number layout: ddrl (draws keyed per chunk of rows, block and step, so a row never
+    # depends on the others) | released (image completions: MaskGRPO's t2i_generate_emerge draws, one
+    # torch.multinomial over every image slot per step from the chunk's generator, so a seed reproduces the
+    # authors' tokens; ddrl.sampling.released says what it covers)
+    rng: str = "ddrl"
     # Dream's diffusion_generate (rollout.name=dream) and SDAR's tempered confidence (remasking=sdar_dynamic):
     alg: str = "entropy"  # dream: which masked positions to commit: origin | entropy | maskgit_plus | topk_margin
     alg_temp: float | None = None  # dream: sample the positions to commit from softmax(confidence / alg_temp)

@@ -25,6 +25,7 @@ from ddrl.registry import SAMPLERS
 from ddrl.sampling.cache import CACHE_MODES
 from ddrl.sampling.commit import REMASKING
 from ddrl.sampling.dream import ALGS
+from ddrl.sampling.released import RELEASED, RNG_LAYOUTS
 from ddrl.sampling.utils import NOISE_DTYPES
 
 AUTO = "auto"  # rollout.name: the model's own sampler (resolve_sampler)
@@ -48,7 +49,7 @@ WHY_NOT = {
 # What a field a duck-typed config lacks means (SamplerConfig's defaults, where they are "off").
 DEFAULTS: dict[str, Any] = {"block_length": None, "temperature": 0.0, "cfg_scale": 0.0, "remasking": "low_confidence",
                             "threshold": None, "factor": None, "cache": "auto", "alg": "entropy", "alg_temp": None,
-                            "top_p": None, "top_k": None, "noise_dtype": "float32", "compile": False}
+                            "top_p": None, "top_k": None, "noise_dtype": "float32", "compile": False, "rng": "ddrl"}
 
 
 def _get(cfg: Any, field: str) -> Any:
@@ -107,6 +108,7 @@ def check_sampler(cfg: Any, key: str = "rollout", *, name: str | None = None, bl
         raise ValueError(f"{p}compile needs call shapes that do not change block by block, but {p}cache='prefix' "
                          f"feeds a shorter suffix every block (a recompile per block); use {p}cache=dual or auto")
     _check_choices(cfg, p)
+    _check_released(cfg, p, name)
     _check_parallel_decoding(cfg, p, name)
     top_p, top_k, alg_temp = _get(cfg, "top_p"), _get(cfg, "top_k"), _get(cfg, "alg_temp")
     if top_p is not None and not 0.0 < top_p <= 1.0:
@@ -132,11 +134,29 @@ def check_sampler(cfg: Any, key: str = "rollout", *, name: str | None = None, bl
 
 def _check_choices(cfg: Any, p: str) -> None:
     choices = (("remasking", REMASKING, "valid"), ("cache", CACHE_MODES, "valid"),
-               ("alg", ALGS, "one of Dream's orderings"), ("noise_dtype", tuple(NOISE_DTYPES), "valid"))
+               ("alg", ALGS, "one of Dream's orderings"), ("noise_dtype", tuple(NOISE_DTYPES), "valid"),
+               ("rng", RNG_LAYOUTS, "a valid random-number layout"))
     for field, valid, what in choices:
         value = _get(cfg, field)
         if value not in valid:
             raise ValueError(f"{p}{field}={value!r} is not {what}; choose one of: {', '.join(valid)}")
+
+
+def _check_released(cfg: Any, p: str, name: str) -> None:
+    """rng=released (ddrl.sampling.released): MaskGRPO's t2i emerge draws, one block, torch.multinomial in
+    the probabilities' dtype. Which model may run it is checked by the sampler (check_released_model)."""
+    if _get(cfg, "rng") != RELEASED:
+        return
+    if name not in ("emerge", AUTO):  # auto: refused here after resolve_sampler, if it picks another
+        raise ValueError(f"{p}rng='released' is implemented by the emerge sampler only (MaskGRPO's text-to-image "
+                         f"rollouts); the {name} sampler draws with ddrl's layout. Set {p}rng=ddrl or {p}name=emerge")
+    block_length = _get(cfg, "block_length")
+    if block_length is not None and block_length != cfg.gen_length:
+        raise ValueError(f"{p}rng='released' decodes the completion as one block, as MaskGRPO's t2i_generate_emerge; "
+                         f"{p}block_length={block_length} splits it: unset {p}block_length")
+    if _get(cfg, "noise_dtype") != "float32":
+        raise ValueError(f"{p}noise_dtype applies to ddrl's layout; rng='released' draws with torch.multinomial in "
+                         f"the probabilities' dtype, as the authors do: unset {p}noise_dtype")
 
 
 def _check_parallel_decoding(cfg: Any, p: str, name: str) -> None:

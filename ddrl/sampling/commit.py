@@ -11,7 +11,9 @@ current block a step commits (docs/diffusion.md#low-confidence-sampler and #thre
                  from the block length; those above threshold if at least k, else the k most confident.
   emerge         MaskGRPO's ancestral sampler (Ma et al. 2025; docs/diffusion.md#emerge-sampler): each
                  masked token appears with probability (k_t - k_s) / k_t, k the mask-fraction pace;
-                 the last step fills every remaining mask.
+                 the last step fills every remaining mask. Under rollout.rng=released the same rule
+                 draws as MaskGRPO's image rollouts do (ddrl.sampling.released.ReleasedEmergeRule: one
+                 draw per slot gives both the token and whether it appears).
 
 A rule has begin_block(masked), more_steps(step, masked) -> bool, choose(step, confidence, masked,
 noise) -> [B, W] bool and step_time(step). `fixed_steps` says whether more_steps depends on the step
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import Tensor
 
+from ddrl.sampling.released import RELEASED, ReleasedEmergeRule, check_released_model
 from ddrl.sampling.sdar import commit_dynamic
 
 if TYPE_CHECKING:
@@ -203,7 +206,7 @@ class EmergeRule:
         return 1.0 - step / self.steps_per_block
 
 
-CommitRule = FixedCountRule | ThresholdRule | DynamicRule | EmergeRule
+CommitRule = FixedCountRule | ThresholdRule | DynamicRule | EmergeRule | ReleasedEmergeRule
 
 
 def steps_per_block(steps: int, gen_length: int, block_length: int) -> int:
@@ -219,10 +222,14 @@ def emerge_mask_fraction(model: Any) -> Callable[[float], float]:
     return EMERGE_SCHEDULES[EMERGE_SCHEDULE_FOR_PROCESS.get(name, "linear")]
 
 
-def commit_rule(cfg: Any, sampler: str, gen_length: int, block_length: int, model: Any) -> CommitRule:
-    """The rule of settings that check_sampler accepted: emerge's pace for the emerge sampler, else
-    SDAR's dynamic rule, threshold or factor decoding, or LLaDA's fixed counts."""
+def commit_rule(cfg: Any, sampler: str, gen_length: int, block_length: int, model: Any,
+                key: str = "rollout") -> CommitRule:
+    """The rule of settings that check_sampler accepted: emerge's pace for the emerge sampler (its
+    released layout under rng=released, for a model with image completions), else SDAR's dynamic rule,
+    threshold or factor decoding, or LLaDA's fixed counts. key: how errors name the settings."""
     spb = lambda: steps_per_block(cfg.steps, gen_length, block_length)  # noqa: E731  (only where steps count)
+    if sampler == "emerge" and getattr(cfg, "rng", "ddrl") == RELEASED:  # MaskGRPO's t2i draws (ddrl.sampling.released)
+        return ReleasedEmergeRule(spb(), check_released_model(model, key))
     if sampler == "emerge":
         return EmergeRule(spb(), emerge_mask_fraction(model))
     if cfg.remasking == "sdar_dynamic":

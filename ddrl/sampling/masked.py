@@ -48,7 +48,10 @@ and the trajectory record are the same for every setting.
 **"emerge"** (MaskGRPO's ancestral sampler, Ma et al. 2025; docs/diffusion.md#emerge-sampler): every
 masked token independently appears with probability (k_t - k_s) / k_t at each step of its block
 (ddrl.sampling.commit), drawn from softmax(logits / temperature) (argmax at temperature 0); the last
-step fills every remaining mask.
+step fills every remaining mask. rollout.rng=released (image completions only) draws the appearance
+and the token together as MaskGRPO's image rollouts do, so that a seed gives their tokens
+(ddrl.sampling.released; it replaces (b): one stream per chunk of rows, torch.multinomial's host
+check each step).
 
 **"block"** (SDAR/TraDo block diffusion; docs/diffusion.md#block-diffusion): the masked sampler
 with block_length = model.block_size for block-causal models, threshold decoding when
@@ -109,6 +112,7 @@ from ddrl.sampling.base import SampleOutput, model_mask_id
 from ddrl.sampling.cache import block_forward
 from ddrl.sampling.checks import check_generator_given, check_prompts, check_sampler
 from ddrl.sampling.commit import CommitRule, EmergeRule, commit_rule
+from ddrl.sampling.released import ReleasedEmergeRule
 from ddrl.sampling.sdar import tempered_confidence
 from ddrl.sampling.trajectory import ProbRecorder, take_positions
 from ddrl.types import COMMIT_ORDER
@@ -245,6 +249,12 @@ def _step(logits: Tensor, window: Tensor, masked: Tensor, rule: CommitRule, step
     if not 0 <= s.mask_id < logits.shape[-1]:
         raise ValueError(f"mask_id={s.mask_id} is outside the model's vocabulary [0, {logits.shape[-1]}); "
                          f"pass the model's mask token id (model.mask_token_id)")
+    if isinstance(rule, ReleasedEmergeRule):  # rollout.rng=released: one draw gives the token and whether it appears
+        x0, committed = rule.draw(step, logits, masked, s.temperature, s.generator)
+        committed = committed & masked
+        if recorder is not None:
+            recorder.add_step(logits, rule.step_time(step), running)
+        return torch.where(committed, x0, window), committed
     uniforms = noise(*logits.shape[1:]) if s.temperature > 0 else None  # [B, W, V], on the logits' device
     if s.remasking == "sdar_dynamic":  # SDAR's candidate and confidence: the filtered, tempered softmax
         x0, sdar_confidence = tempered_confidence(logits, s.temperature, s.top_k, s.top_p, uniforms=uniforms)
@@ -305,9 +315,12 @@ def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *, sam
     mask_id = model_mask_id(model) if mask_id is None else mask_id
     _check_model_inputs(model, prompt_ids, cfg.gen_length, mask_id)
     block_length = int(block_size) if sampler == "block" else (cfg.block_length or cfg.gen_length)
-    rule = commit_rule(cfg, sampler, cfg.gen_length, block_length, model)
+    rule = commit_rule(cfg, sampler, cfg.gen_length, block_length, model, key)
     p = f"{key}." if key else ""
-    if isinstance(rule, EmergeRule):
+    if isinstance(rule, ReleasedEmergeRule):
+        check_generator_given(generator, True, f"{p}rng='released' (every step draws from it, as the authors' "
+                                               f"global RNG)")
+    elif isinstance(rule, EmergeRule):
         check_generator_given(generator, cfg.temperature > 0 or rule.steps_per_block > 1,
                               f"the emerge sampler draws which tokens appear (steps per block > 1) or "
                               f"{p}temperature > 0")
