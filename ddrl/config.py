@@ -75,6 +75,10 @@ class ModelConfig:
     # the image decoder's directory: MMaDA + MAGVIT-v2 (the model then generates images), or another
     # AutoencoderVQ for an URSA pipeline (default: its vae/); load_model(path, vq_path=...)
     vq_path: str | None = None
+    # text-to-image MMaDA only (needs vq_path or a saved t2i model): true = MaskGRPO's released prompt rows,
+    # [iPAD]-padded and attended, since their LLaDA copy passes attn_mask=None (rollouts and log-probs see
+    # the padding); false = MMaDA's own, padding masked; null = the saved model's choice (false). ddrl.models.mmada
+    t2i_attend_padding: bool | None = None
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     @property

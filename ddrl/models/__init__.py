@@ -44,7 +44,8 @@ def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
 def load_model(path: str | Path, *, device: torch.device | str | None = None,
                dtype: torch.dtype | str | None = None, mask_token_id: int | None = None,
                trust_remote_code: bool = False, block_size: int | None = None,
-               require_tokenizer: bool = False, vq_path: str | Path | None = None) -> DiffusionLM:
+               require_tokenizer: bool = False, vq_path: str | Path | None = None,
+               t2i_attend_padding: bool | None = None) -> DiffusionLM:
     """A saved model directory -> DiffusionLM: built-in (config.json model_type "ddrl_denoiser")
     or a checkpoint directory (LLaDA, Dream, SDAR, ... through ddrl.models.hf).
 
@@ -55,6 +56,10 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
     vq_path:           the image decoder: URSA's AutoencoderVQ directory (instead of the pipeline's vae/),
                        or MMaDA's MAGVIT-v2 directory, which makes the MMaDA generate images
                        (ddrl.models.mmada: t2i prompt layout, image-code completions, decode_images).
+    t2i_attend_padding: a text-to-image MMaDA only (ModelConfig.t2i_attend_padding): True lays prompts out as
+                       MaskGRPO's rows, [iPAD]-padded and attended (their LLaDA copy ignores the attention
+                       mask), False as MMaDA's (padding masked); None keeps the saved choice (False). Any
+                       other model refuses it (ddrl.models.mmada).
 
     A Lightning `.ckpt` file of DRAKES / SEPO's MDLM DNA model (or a directory ddrl saved it to) is read
     natively by ddrl.models.mdlm_dna: family "mdlm_dna", mask id 4 after A, C, G, T (needs omegaconf).
@@ -67,16 +72,21 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
     Under `with torch.device("meta")` the built-in and native families read no weight data.
     """
     from ddrl.models import mdlm_dna, ursa  # URSA: a diffusers pipeline folder (no top-level config.json)
+    from ddrl.models.mmada import not_text_to_image
 
     if mdlm_dna.is_lightning_checkpoint(path) or mdlm_dna.is_mdlm_dna_dir(path):  # DRAKES / SEPO's DNA model
         if block_size is not None or vq_path is not None:
             raise ValueError(f"{str(path)!r} is an MDLM DNA model: block_size and vq_path do not apply; unset them")
+        if t2i_attend_padding is not None:
+            raise not_text_to_image(f"{str(path)!r} is an MDLM DNA model")
         if mask_token_id not in (None, mdlm_dna.MASK_ID):
             raise ValueError(f"model.mask_token_id={mask_token_id}: the MDLM DNA model's mask id is {mdlm_dna.MASK_ID}")
         load = mdlm_dna.load_dir if Path(path).is_dir() else mdlm_dna.load_lightning_checkpoint
         return load(path, device=device, dtype=resolve_dtype(dtype))
 
     if ursa.is_pipeline_dir(path):
+        if t2i_attend_padding is not None:
+            raise not_text_to_image(f"{str(path)!r} is an URSA pipeline")
         if block_size is not None:
             raise ValueError(f"block_size={block_size}: {str(path)!r} is an URSA pipeline (full attention); unset it")
         return ursa.load_ursa(path, device=device, dtype=resolve_dtype(dtype), vq_path=vq_path,
@@ -89,12 +99,15 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
         with consolidated_model_dir(path) as directory:
             return load_model(directory, device=device, dtype=dtype, mask_token_id=mask_token_id,
                               trust_remote_code=trust_remote_code, block_size=block_size,
-                              require_tokenizer=require_tokenizer, vq_path=vq_path)
+                              require_tokenizer=require_tokenizer, vq_path=vq_path,
+                              t2i_attend_padding=t2i_attend_padding)
     directory = check_model_dir(path, weights=HF_WEIGHT_FILES)
     torch_dtype = resolve_dtype(dtype)
     if read_json(directory / CONFIG_FILE).get("model_type") == MODEL_TYPE:
         if vq_path is not None:
             raise ValueError(f"vq_path applies to URSA pipelines and MMaDA; {str(directory)!r} is a built-in model")
+        if t2i_attend_padding is not None:
+            raise not_text_to_image(f"{str(directory)!r} is a built-in model")
         model = DiffusionLM.from_pretrained(directory, device=device, dtype=torch_dtype)
         if mask_token_id is not None and mask_token_id != model.mask_token_id:
             raise ValueError(f"model.mask_token_id={mask_token_id} differs from the built-in model's own "
@@ -108,7 +121,8 @@ def load_model(path: str | Path, *, device: torch.device | str | None = None,
 
     return hf.load_hf_model(str(directory), device=device, dtype=torch_dtype, mask_token_id=mask_token_id,
                             trust_remote_code=trust_remote_code, block_size=block_size,
-                            require_tokenizer=require_tokenizer, vq_path=vq_path)
+                            require_tokenizer=require_tokenizer, vq_path=vq_path,
+                            t2i_attend_padding=t2i_attend_padding)
 
 
 def build_model(model_cfg: Any, tokenizer: Any, *, process_spec: dict[str, Any] | None = None,

@@ -195,11 +195,14 @@ def _backbone_cache(out: Any) -> Any:
 
 def load_hf_model(path: str | Path, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                   trust_remote_code: bool = False, mask_token_id: int | None = None, block_size: int | None = None,
-                  require_tokenizer: bool = False, vq_path: str | Path | None = None) -> HFDiffusionLM:
+                  require_tokenizer: bool = False, vq_path: str | Path | None = None,
+                  t2i_attend_padding: bool | None = None) -> HFDiffusionLM:
     """A local checkpoint directory -> HFDiffusionLM with its family's facts (module docstring).
 
     vq_path:           MMaDA only: the MAGVIT-v2 directory; the model then generates images
                        (ddrl.models.mmada.MMaDAImageLM). A ddrl save of such a model records it.
+    t2i_attend_padding: a text-to-image MMaDA only: MaskGRPO's [iPAD]-padded, attended prompt rows
+                       (ddrl.models.mmada); None keeps the saved choice (default False).
     block_size:        the block size asked for (model.block_size); it must be the checkpoint's.
     require_tokenizer: a directory without a tokenizer is an error (training and generating from text).
     Every check on the directory runs before its weights are read.
@@ -213,6 +216,10 @@ def load_hf_model(path: str | Path, *, device: torch.device | str | None = None,
     vq_path = vq_path if vq_path is not None else saved.get("vq_path")
     if vq_path is not None and family != "mmada":
         raise ValueError(f"vq_path applies to URSA pipelines and MMaDA; {str(directory)!r} is a {family!r} model")
+    if t2i_attend_padding is not None and vq_path is None:
+        from ddrl.models.mmada import not_text_to_image
+
+        raise not_text_to_image(f"{str(directory)!r} is a {family!r} model loaded without vq_path")
     generation = read_json(directory / GENERATION_CONFIG_FILE) if (directory / GENERATION_CONFIG_FILE).is_file() else {}
     model_block_size = checkpoint_block_size(config, facts, block_size, where, generation)
     if not facts.native:
@@ -254,7 +261,8 @@ def load_hf_model(path: str | Path, *, device: torch.device | str | None = None,
     if vq_path is not None:  # an MMaDA that generates images
         from ddrl.models.mmada import build_text_to_image
 
-        model = build_text_to_image(backbone, hf_tokenizer, vq_path, kwargs, saved=saved, device=device)
+        model = build_text_to_image(backbone, hf_tokenizer, vq_path, kwargs, saved=saved, device=device,
+                                    attend_padding=t2i_attend_padding)
     else:
         model = HFDiffusionLM(backbone, tokenizer, **kwargs)
     model = load_saved_adapter(model, directory)

@@ -23,7 +23,10 @@ so `encode_prompt` returns the real tokens only and ddrl's left padding + attent
 logits (positions count real tokens; RoPE is relative: float rounding). MaskGRPO's copy of LLaDA passes
 `attn_mask=None` (its models/modeling_llada.py:715), so its rollouts and log-probs attend to the [iPAD]
 padding at absolute positions: `attend_padding=True` reproduces that released deviation (the rows come
-back padded to 257 + 1 tokens, every token real).
+back padded to 257 + 1 tokens, every token real, so the sampler and the estimators get an all-ones prompt
+mask). It is chosen at load: `model.t2i_attend_padding: true` in a `ddrl train` config
+(load_model(..., t2i_attend_padding=True)); a save records it (t2i_attend_padding), so a reload, and
+`ddrl eval` of the saved run, lays prompts out the same way. Default false: MMaDA's own masked padding.
 
 **The completion suffix.** <|eoi|> follows the image in every pass: `completion_suffix` is read by the
 sampler (ddrl.sampling.utils.completion_logits) and by every estimator (ddrl.estimators.common
@@ -123,6 +126,10 @@ class MMaDAImageLM(HFDiffusionLM):
             raise ValueError(f"cfg_unconditional={value!r}; choose one of {', '.join(CFG_UNCONDITIONAL)}")
         self._cfg_unconditional = value
 
+    # The emerge sampler's pace (ddrl.sampling.commit.emerge_mask_fraction): MaskGRPO samples images with
+    # k(tau) = cos(pi tau / 2) (t2i_generate_emerge's noise_schedule), not the linear pace of MMaDA's process.
+    emerge_schedule = "cosine"
+
     @property
     def completion_suffix(self) -> tuple[int, ...]:
         """The fixed ids after the completion: (<|eoi|>,)."""
@@ -154,9 +161,18 @@ class MMaDAImageLM(HFDiffusionLM):
                 "t2i_attend_padding": self.tokenizer.attend_padding, "t2i_max_text_len": self.tokenizer.max_text_len}
 
 
+def not_text_to_image(where: str) -> ValueError:
+    """The error for t2i_attend_padding asked of a model that is not a text-to-image MMaDA."""
+    return ValueError(f"model.t2i_attend_padding (load_model's t2i_attend_padding) applies to a text-to-image MMaDA "
+                      f"(loaded with model.vq_path, or saved from one): it chooses MaskGRPO's attended [iPAD] "
+                      f"padding or MMaDA's masked one; {where}. Unset it")
+
+
 def build_text_to_image(backbone: Any, hf_tokenizer: Any, vq_path: str | Path, kwargs: dict[str, Any], *,
-                        saved: dict[str, Any], device: Any = None) -> MMaDAImageLM:
-    """The MMaDA pieces load_hf_model read -> MMaDAImageLM with the decoder of vq_path (module docstring)."""
+                        saved: dict[str, Any], device: Any = None, attend_padding: bool | None = None) -> MMaDAImageLM:
+    """The MMaDA pieces load_hf_model read -> MMaDAImageLM with the decoder of vq_path (module docstring).
+    attend_padding: MaskGRPO's attended [iPAD] rows (True) or MMaDA's masked padding (False); None = the
+    saved choice (t2i_attend_padding), False for a directory that has none."""
     if hf_tokenizer is None:
         raise ValueError("a text-to-image MMaDA needs its tokenizer (the image codes start after it); copy it next to "
                          "config.json")
@@ -164,7 +180,8 @@ def build_text_to_image(backbone: Any, hf_tokenizer: Any, vq_path: str | Path, k
         raise ValueError("this MMaDA has no image codebook range")
     tokenizer = MMaDAT2ITokenizer(hf_tokenizer, mask_token_id=kwargs["mask_token_id"],
                                   max_text_len=saved.get("t2i_max_text_len", MAX_TEXT_LEN),
-                                  attend_padding=saved.get("t2i_attend_padding", False))
+                                  attend_padding=saved.get("t2i_attend_padding", False) if attend_padding is None
+                                  else attend_padding)
     decoder = MAGVITv2Decoder.from_pretrained(vq_path, device=device)
     lo, hi = kwargs["image_token_range"]
     if hi - lo > decoder.codebook_size:  # MMaDA-8B: 8192 = 8192 (a tiny test MMaDA uses the first codes)

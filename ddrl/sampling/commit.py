@@ -216,7 +216,11 @@ def steps_per_block(steps: int, gen_length: int, block_length: int) -> int:
 
 
 def emerge_mask_fraction(model: Any) -> Callable[[float], float]:
-    """k(tau) for the emerge sampler: cosine when the model's process schedule is cosine, else linear."""
+    """k(tau) for the emerge sampler: the model's own `emerge_schedule` when it names one (a text-to-image
+    MMaDA: cosine, MaskGRPO's image pace), else cosine when its process schedule is cosine, else linear."""
+    own = getattr(model, "emerge_schedule", None)
+    if own is not None:
+        return EMERGE_SCHEDULES[own]
     schedule = getattr(getattr(model, "process", None), "schedule", None)
     name = schedule if isinstance(schedule, str) else getattr(schedule, "name", None)
     return EMERGE_SCHEDULES[EMERGE_SCHEDULE_FOR_PROCESS.get(name, "linear")]

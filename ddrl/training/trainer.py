@@ -148,6 +148,8 @@ class Trainer:
                       block_size=m.block_size, require_tokenizer=True)
         if m.vq_path is not None:  # only image families take it (load_model says which)
             kwargs["vq_path"] = m.vq_path
+        if m.t2i_attend_padding is not None:  # a text-to-image MMaDA only (load_model refuses it elsewhere)
+            kwargs["t2i_attend_padding"] = m.t2i_attend_padding
         if self._rank0_loading:  # weights read once, on rank 0; the other ranks build on the meta device
             model = ckpt.load_model_on_rank0(m.path, self.dist, **kwargs)
         else:
