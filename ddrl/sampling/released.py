@@ -81,11 +81,10 @@ def multinomial_rows(probs: Tensor, generator: Any) -> Tensor:
 
 class ReleasedEmergeRule:
     """The emerge sampler under rollout.rng=released: one draw per slot gives the code and whether it
-    appears (module doc). `draws_tokens`: the sampler takes tokens and commits from `draw`."""
+    appears (module doc); the sampler takes tokens and commits from `draw` (masked._step)."""
 
     uses_confidence = False
     fixed_steps = True
-    draws_tokens = True
 
     def __init__(self, steps_per_block: int, codes: tuple[int, int]):
         self.steps_per_block = steps_per_block

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -15,7 +16,9 @@ from tests.tiny_clip import write_tiny_clip
 from tests.unit.test_mmada_t2i import write_magvit, write_tiny_mmada
 
 
-def test_two_step_maskgrpo_text_to_image_on_mmada(tmp_path):
+@pytest.mark.parametrize("released", [False, True])
+def test_two_step_maskgrpo_text_to_image_on_mmada(tmp_path, released):
+    """released: MaskGRPO's attended [iPAD] rows (model.t2i_attend_padding) and emerge draws (rollout.rng)."""
     from ddrl.training.trainer import train
 
     mmada, magvit = write_tiny_mmada(tmp_path / "mmada"), write_magvit(tmp_path / "magvit")
@@ -30,10 +33,13 @@ def test_two_step_maskgrpo_text_to_image_on_mmada(tmp_path):
         "rollout.name=emerge", "rollout.gen_length=4", "rollout.steps=2", "rollout.block_length=null",
         "rollout.cache=none", "rollout.temperature=1.0", "train.steps=2", "train.prompts_per_step=2",
         "train.group_size=2", "train.lr=1e-2", "train.save_every=2", "eval.n=0", "eval.before=false",
-        "train.progress=false", "train.tensorboard=false", f"output_dir={tmp_path / 'run'}"])
+        "train.progress=false", "train.tensorboard=false", f"output_dir={tmp_path / 'run'}"]
+        + (["model.t2i_attend_padding=true", "rollout.rng=released"] if released else []))
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows), rows
     assert all(math.isfinite(r["reward/mean"]) for r in rows)
     before, after = load_file(str(mmada / "model.safetensors")), load_file(str(run / "checkpoint-2" / "model.safetensors"))
     assert before.keys() == after.keys()  # saved back in the official layout
     assert any(not torch.equal(before[k].float(), after[k].float()) for k in before), "no parameter moved"
+    saved = json.loads((run / "checkpoint-2" / "config.json").read_text())["ddrl"]
+    assert saved["t2i_attend_padding"] is released
