@@ -58,11 +58,11 @@ def sample_in_chunks(sampler: Callable[..., SampleOutput], model, prompt_ids: Te
     """
     B = prompt_ids.shape[0]
     rows = getattr(cfg, "batch_rows", None)
+    record = {"return_trajectory": return_trajectory} if return_trajectory else {}  # a user's sampler may lack it
     if rows is None or rows >= B:
-        return sampler(model, prompt_ids, prompt_mask, cfg, generator=generator, return_trajectory=return_trajectory)
+        return sampler(model, prompt_ids, prompt_mask, cfg, generator=generator, **record)
     outs = [sampler(model, prompt_ids[lo:hi], None if prompt_mask is None else prompt_mask[lo:hi], cfg,
-                    generator=g, return_trajectory=return_trajectory)
-            for lo, hi, g in _call_chunks(generator, B, int(rows))]
+                    generator=g, **record) for lo, hi, g in _call_chunks(generator, B, int(rows))]
     forward = [o.forward_tokens for o in outs]
     return SampleOutput(completion_ids=torch.cat([o.completion_ids for o in outs]),
                         trajectory=_cat_trajectories([o.trajectory for o in outs]), nfe=sum(o.nfe for o in outs),
