@@ -91,7 +91,8 @@ def test_batch_rows_is_validated_with_the_key():
                      (1.5, "expected an integer"), ("true", "")):
         with pytest.raises(ConfigError, match=rf"rollout\.batch_rows.*{why}"):
             load_config(ROOT / "configs/rl/grpo_mini_sudoku.yaml", [f"rollout.batch_rows={bad}"], RLConfig)
-    assert load_config(ROOT / "configs/rl/grpo_mini_sudoku.yaml", ["rollout.batch_rows=1"], RLConfig).rollout.batch_rows == 1
+    cfg = load_config(ROOT / "configs/rl/grpo_mini_sudoku.yaml", ["rollout.batch_rows=1"], RLConfig)
+    assert cfg.rollout.batch_rows == 1
 
 
 def test_the_command_line_takes_batch_rows(capsys):
@@ -131,3 +132,18 @@ def test_the_trainer_rolls_out_in_calls_of_batch_rows(tmp_path, monkeypatch):
     assert calls == [8]
     chunked, calls = rollout("rollout.batch_rows=4")
     assert calls == [4, 4] and torch.equal(chunked, whole)
+
+
+def test_trajectories_of_the_calls_are_joined_along_the_rows():
+    model, prompts, mask, cfg = _sudoku()
+    ids, mask = prompts.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
+
+    def run(rows):
+        generators = RowGenerators([torch.Generator().manual_seed(100 + i) for i in range(GROUPS)], G)
+        chunked = SamplerConfig(**{**vars(cfg), "batch_rows": rows})
+        return sample_in_chunks(SAMPLERS.get("masked"), model, ids, mask, chunked, generator=generators,
+                                return_trajectory=True).trajectory
+
+    whole, chunked = run(None), run(G)
+    assert torch.equal(chunked.commit_step, whole.commit_step)
+    assert torch.allclose(chunked.token_probs, whole.token_probs, equal_nan=True)
