@@ -44,13 +44,15 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--alg-temp", dest="alg_temp", type=float, help="dream sampler: temperature of the commit order")
     g.add_argument("--top-p", dest="top_p", type=float, help="nucleus filter (dream, sdar_dynamic)")
     g.add_argument("--top-k", dest="top_k", type=int, help="top-k filter (dream, sdar_dynamic)")
+    g.add_argument("--batch-rows", dest="batch_rows", type=int,
+                   help="rows per sampler call (default: all at once; 1 bounds the memory of image rollouts)")
     g.add_argument("--max-prompt-length", dest="max_prompt_length", type=int,
                    help="keep the last N tokens of a longer prompt, as TRL and d1 do (default: a prompt "
                         "too long for the model is an error)")
 
 
 _SAMPLER_KEYS = ("name", "steps", "gen_length", "block_length", "temperature", "cfg_scale", "remasking",
-                 "threshold", "cache", "alg", "alg_temp", "top_p", "top_k", "max_prompt_length")
+                 "threshold", "cache", "alg", "alg_temp", "top_p", "top_k", "max_prompt_length", "batch_rows")
 
 
 def _command(sub: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
@@ -278,6 +280,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from ddrl.eval.runner import default_sampler
     from ddrl.models import load_model
     from ddrl.registry import SAMPLERS
+    from ddrl.sampling.base import sample_in_chunks
     from ddrl.sampling.checks import FLAGS, check_sampler
 
     model = load_model(args.model, trust_remote_code=args.trust_remote_code)
@@ -295,7 +298,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
                                max_prompt_length=cfg.max_prompt_length, device=next(model.parameters()).device)
     g = torch.Generator().manual_seed(args.seed)
     with torch.no_grad():
-        out = SAMPLERS.get(cfg.name)(model, ids, mask, cfg, generator=g)
+        out = sample_in_chunks(SAMPLERS.get(cfg.name), model, ids, mask, cfg, generator=g)
     for text in decode_completions(model.tokenizer, out.completion_ids, model_stop_ids(model)):
         print(text)
     return 0

@@ -118,6 +118,13 @@ class SamplerConfig:
     # torch.multinomial over every image slot per step from the chunk's generator, so a seed reproduces the
     # authors' tokens; ddrl.sampling.released says what it covers)
     rng: str = "ddrl"
+    # rows per sampler call: the rollout (and evaluation) is cut into calls of at most this many rows,
+    # because a call holds its rows' logits, [rows, W, V] per step (twice under guidance): a 1,024-token
+    # image over MMaDA's vocabulary is ~0.5 GB of bf16 logits a row. MaskGRPO's generation_batch_size
+    # ("handles OOM during rollout", 1 for text-to-image). Calls take whole prompt groups when it is at
+    # least the group size (the tokens of one call); below it every row draws from its own generator,
+    # seeded from its group's (ddrl.sampling.base.sample_in_chunks). None = all of a rank's rows at once
+    batch_rows: int | None = None
     # Dream's diffusion_generate (rollout.name=dream) and SDAR's tempered confidence (remasking=sdar_dynamic):
     alg: str = "entropy"  # dream: which masked positions to commit: origin | entropy | maskgit_plus | topk_margin
     alg_temp: float | None = None  # dream: sample the positions to commit from softmax(confidence / alg_temp)

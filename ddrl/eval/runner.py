@@ -223,6 +223,7 @@ def _sample_rows(model: Any, examples: list[dict], indices: list[int], sampler: 
                  seed: int, k: int, batch_size: int) -> tuple[list[dict[str, Any]], int]:
     """Rows of examples[indices], sampled batch_size examples per sampler call; (rows, model calls)."""
     from ddrl.processes.draws import RowGenerators
+    from ddrl.sampling.base import sample_in_chunks
 
     device = next(model.parameters()).device
     max_prompt = prompt_budget(model, sampler, "--max-prompt-length", "--gen-length")
@@ -241,7 +242,7 @@ def _sample_rows(model: Any, examples: list[dict], indices: list[int], sampler: 
                                                  device=device)  # cut as the rollouts are (rollout.max_prompt_length)
         g = RowGenerators([torch.Generator(device=generator_device).manual_seed(example_seed(seed, i))
                            for i in chunk_ids], rows_per_generator=k)
-        out = sample_fn(model, prompt_ids, prompt_mask, sampler, generator=g)
+        out = sample_in_chunks(sample_fn, model, prompt_ids, prompt_mask, sampler, generator=g)  # sampler.batch_rows
         nfe += out.nfe
         done = task_completions(model, scoring.task, out.completion_ids)  # texts, or decoded images
         texts, extra = done.texts, done.reward_inputs()

@@ -49,7 +49,8 @@ WHY_NOT = {
 # What a field a duck-typed config lacks means (SamplerConfig's defaults, where they are "off").
 DEFAULTS: dict[str, Any] = {"block_length": None, "temperature": 0.0, "cfg_scale": 0.0, "remasking": "low_confidence",
                             "threshold": None, "factor": None, "cache": "auto", "alg": "entropy", "alg_temp": None,
-                            "top_p": None, "top_k": None, "noise_dtype": "float32", "compile": False, "rng": "ddrl"}
+                            "top_p": None, "top_k": None, "noise_dtype": "float32", "compile": False, "rng": "ddrl",
+                            "batch_rows": None}
 
 
 def _get(cfg: Any, field: str) -> Any:
@@ -95,6 +96,11 @@ def check_sampler(cfg: Any, key: str = "rollout", *, name: str | None = None, bl
     for field in ("steps", "gen_length"):
         if not _positive_int(getattr(cfg, field)):
             raise ValueError(f"{p}{field} must be a positive integer, got {getattr(cfg, field)!r}")
+    batch_rows = _get(cfg, "batch_rows")
+    if batch_rows is not None and not _positive_int(batch_rows):
+        raise ValueError(f"{p}batch_rows must be a positive number of rows per sampler call (1 = one row at a "
+                         f"time, as MaskGRPO's generation_batch_size) or unset for all rows in one call, "
+                         f"got {batch_rows!r}")
     block_length = _get(cfg, "block_length")
     if block_length is not None and not _positive_int(block_length):
         raise ValueError(f"{p}block_length must be a positive integer or unset (one block), got {block_length!r}")

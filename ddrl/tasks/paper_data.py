@@ -23,6 +23,7 @@ row, as the papers do, and leaves the task without a dev split. A task with no t
 Files: .jsonl (one JSON object a line), .json (a list of objects), .csv (a header row; cells
 stay strings, so d1's Sudoku "0310..." keeps its leading zero), .parquet (needs
 `pip install pyarrow`) and .txt (one prompt a line: {"prompt": line}, the text-to-image lists).
+A file argument `ddrl:NAME` names a data file shipped with ddrl (ddrl.tasks.data: GenEval's prompts).
 
 `preset="d1"` (or "espo", "spg", "stable_drl", "gdsd") makes a task use the paper's prompt, reward
 and accuracy metric from `ddrl.tasks.presets.get_preset(preset, task.name)` in place of its own:
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ddrl.tasks.base import Task, held_out_sample, is_test_key, split_fixed_rows, train_cycle
+from ddrl.tasks.data import resolve_data_path
 from ddrl.tasks.presets import Preset, get_preset
 
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
@@ -144,6 +146,7 @@ class DataSource:
         self.test_fraction = test_fraction
         if self.mode == "files" and path is not None:
             test_path = path  # one file named without a split is the file to evaluate on
+        path, train_path, test_path = (resolve_data_path(p) for p in (path, train_path, test_path))  # ddrl:NAME
         self.train_path, self.test_path, self.path = train_path, test_path, path
         self.dataset, self.dataset_config = dataset, dataset_config
         self.hub_splits = {"train": train_split, "test": test_split}

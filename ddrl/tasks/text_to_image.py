@@ -11,7 +11,8 @@ Files (the formats UDM-GRPO and MaskGRPO train and evaluate on; ddrl.tasks.paper
                          the prompt's text as the `caption` column
     .json                a list of {"id", "prompt", ...} (the peers' evaluation prompts.json)
 Splits as every file task (ddrl.tasks.paper_data): train_path + test_path, or path=FILE split=hash;
-dev is held out of the train prompts, the test file stays sealed.
+dev is held out of the train prompts, the test file stays sealed. GenEval's 553 evaluation prompts ship
+with ddrl: test_path=ddrl:geneval/evaluation_metadata.jsonl (ddrl/tasks/data/geneval/README.md).
 
 Rewards (task.args.reward), each a plain function of (completions, images=..., **columns):
     pickscore            PickScore_v1 from a local directory: reward_args {model: DIR}

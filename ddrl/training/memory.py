@@ -18,9 +18,13 @@ under model.mixed_precision=bf16, else b)):
     rollout        compute weights: FSDP all-gathers the whole model for generation (P c); DDP or
                    one process under bf16 autocast caches a bf16 copy of every fp32 weight that
                    requires grad for the whole autocast block (P_t 2)
-                   + one no-grad forward over R rows x T tokens (one layer's transient, R T (4d + 3f + x) c)
+                   + one no-grad forward over F rows x T tokens (one layer's transient, F T (4d + 3f + x) c)
                    + the block's logits R W V (c + 12): compute dtype, then ~3 fp32 temporaries
-                   (Gumbel uniforms, tempered logits, softmax)
+                   (Gumbel uniforms, tempered logits, softmax); under guidance the larger of that and
+                   R W V 4c (both passes' logits, 2R rows, and two temporaries of guided_logits). The
+                   samplers draw over the whole vocabulary V, image models too (their logits_range only
+                   suppresses the ids outside the codebook); MMaDA's maskgit sampler slices the guided
+                   logits to the codebook first, so its fp32 temporaries are R W N 12 (N codes)
                    + the trajectory recorder, R W S_b V 4: fp32 probabilities of every step of a block
                      (methods that read token probabilities: DPS; TraceRL records commit order only)
     update         compute weights: FSDP holds ~2 gathered blocks (current + prefetch) and the root
@@ -35,9 +39,11 @@ under model.mixed_precision=bf16, else b)):
                      (ddrl.ops.logprobs)
     optimizer      foreach AdamW on a GPU: one temporary of the trainable size, P_t 4 / N
 
-R = rows per rank per rollout (prompts_per_step / ranks x group_size), T = prompt + completion
+R = rows per sampler call: a rank's rollout rows (prompts_per_step / ranks x group_size), or
+rollout.batch_rows when that is fewer (the rollout in calls of that many rows); F = R, 2R under guidance
+(rollout.cfg_scale > 0: conditional and unconditional rows in one forward); T = prompt + completion
 tokens (the prompt: rollout.max_prompt_length, else 256), W = rollout.block_length, S_b = sampler
-steps per block, m = rows per micro-batch (train.micro_batch_size, micro_batch_rows for TraceRL, else
+steps per block, N = an image model's codebook (config.json codebook_size), m = rows per micro-batch (train.micro_batch_size, micro_batch_rows for TraceRL, else
 all of a rank's rows), k = the estimator's masked copies per row (num_mc, copies, num_t; a coupled
 pair counts 2), taken as batched in one forward (an upper bound where an estimator loops).
 
@@ -88,6 +94,7 @@ class ModelShape:
     shared_experts: int = 0  # always-on experts, one SwiGLU of width shared_experts x expert_ffn
     expert_ffn: int = 0  # an expert's SwiGLU hidden width (moe_intermediate_size)
     dense_layers: int = 0  # leading dense blocks of an MoE model (first_k_dense_replace)
+    codebook: int = 0  # image codes in the vocabulary (MMaDA's codebook_size); 0 = none
 
     @property
     def kv_dim(self) -> int:
@@ -192,7 +199,11 @@ MDLM_DNA = ModelShape(d_model=128, n_layers=20, n_heads=1, n_kv_heads=1, ffn=256
 # 16.3B parameters, 1.43B active; the first block dense, 19 of 256 routed experts (8 per token) + 1 shared
 LLADA2_MINI = ModelShape(d_model=2048, n_layers=20, n_heads=16, n_kv_heads=4, ffn=5120, vocab=157184, head_dim=128,
                          experts=256, experts_per_token=8, shared_experts=1, expert_ffn=512, dense_layers=1)
-PLACEHOLDER_SHAPES = {"LLaDA-8B": LLADA_8B, "MMaDA-8B": LLADA_8B, "Dream-v0-Instruct-7B": QWEN25_7B,
+# MMaDA-8B-Base: LLaDA-8B's blocks over 126,464 text ids + 8,192 MAGVIT-v2 codes (its config.json
+# embedding_size 134,656, codebook_size 8192)
+MMADA_8B = ModelShape(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn=12288, vocab=126464 + 8192,
+                      codebook=8192)
+PLACEHOLDER_SHAPES = {"LLaDA-8B": LLADA_8B, "MMaDA-8B": MMADA_8B, "Dream-v0-Instruct-7B": QWEN25_7B,
                       "DiffuCoder-7B": QWEN25_7B, "URSA-1.7B": URSA_1_7B, "mdlm_dna": MDLM_DNA,
                       "LLaDA2.0-mini": LLADA2_MINI, "LLaDA2.1-mini": LLADA2_MINI}
 
@@ -221,7 +232,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
                dense_layers=int(pick("first_k_dense_replace", default=0) or 0)) if experts else {}
     return ModelShape(d_model=d, n_layers=layers, n_heads=heads, n_kv_heads=pick("n_kv_heads", "num_key_value_heads",
                       default=heads), ffn=ffn, vocab=pick("embedding_size", "vocab_size"), tied=tied,
-                      head_dim=pick("head_dim"), **moe)
+                      head_dim=pick("head_dim"), codebook=int(pick("codebook_size", default=0) or 0), **moe)
 
 
 def model_shape(path: str) -> ModelShape:
@@ -341,7 +352,8 @@ def estimate_memory(cfg: Any, shape: ModelShape, world_size: int, *, counts: Cou
     setting = (f"{world_size} rank(s), strategy {strategy}{' + cpu_offload' if offload else ''}, "
                f"{P / 1e9:.2f}B params ({Pt / 1e6:.1f}M trainable), compute {'bf16' if bf16 else cfg.model.dtype}, "
                f"gradient_checkpointing={cfg.model.gradient_checkpointing}, "
-               f"{t.prompts_per_step // world_size * t.group_size} rollout rows per rank")
+               f"{t.prompts_per_step // world_size * t.group_size} rollout rows per rank, "
+               f"{rollout_rows_per_call(cfg, world_size)} per sampler call")
     return MemoryEstimate(held, phases, host, setting)
 
 
@@ -356,14 +368,23 @@ def _compute_weights(strategy: str, shape: ModelShape, counts: Counts, c: int, b
     return {}
 
 
+def rollout_rows_per_call(cfg: Any, world: int) -> int:
+    """R of the module doc: a rank's rollout rows, or rollout.batch_rows when that is fewer."""
+    rows = cfg.train.prompts_per_step // world * cfg.train.group_size
+    return min(rows, cfg.rollout.batch_rows or rows)
+
+
 def _rollout_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy: str, counts: Counts,
                    c: int, bf16: bool, T: int) -> dict[str, float]:
     r = cfg.rollout
-    R = cfg.train.prompts_per_step // world * cfg.train.group_size
-    W, d = min(r.block_length or r.gen_length, r.gen_length), shape.d_model
+    R = rollout_rows_per_call(cfg, world)
+    F = 2 * R if r.cfg_scale > 0 else R  # rows through the model: the unconditional ones too under guidance
+    W, d, V = min(r.block_length or r.gen_length, r.gen_length), shape.d_model, shape.vocab
     terms = _compute_weights(strategy, shape, counts, c, bf16, whole=True)
-    terms["no-grad forward (one layer)"] = R * T * (4 * d + 3 * shape.active_ffn + shape.dispatch_width) * c
-    terms["block logits + fp32 temporaries"] = R * W * shape.vocab * (c + 12)
+    terms["no-grad forward (one layer)"] = F * T * (4 * d + 3 * shape.active_ffn + shape.dispatch_width) * c
+    sliced = r.name == "maskgit" and shape.codebook > 0  # draws over the codebook only (module doc)
+    after = R * W * (V * c + (shape.codebook if sliced else V) * 12)  # guided logits + fp32 temporaries
+    terms["block logits + fp32 temporaries"] = max(after, R * W * V * 4 * c) if r.cfg_scale > 0 else after
     if method.needs_trajectory is True:  # COMMIT_ORDER (TraceRL) keeps [B, W] ints, no vocabulary dimension
         steps_per_block = max(1, r.steps // max(1, math.ceil(r.gen_length / W)))
         terms["trajectory recorder"] = R * W * steps_per_block * shape.vocab * RECORDER_BYTES

@@ -2,8 +2,8 @@
 
 Each step, in named and timed phases:
 
-    rollout    G completions for each prompt: one sampler call for all of a rank's groups, each group
-               drawing from its own generator (any registered sampler)
+    rollout    G completions for each prompt: one sampler call for all of a rank's groups (or rollout.batch_rows
+               rows a call), each group drawing from its own generator (any registered sampler)
     reward     the task's reward; None/NaN rewards are excluded from their group
     advantage  group advantages (mean / z-score / leave-one-out, optional clip)
     old, ref   likelihood proxies without grad, only when the objective declares it needs them
@@ -43,6 +43,7 @@ from ddrl.data import (completion_mask, is_stop, model_stop_ids, pad_prompts, pr
 from ddrl.models.moe_balance import RouterBalance
 from ddrl.processes.draws import RowGenerators
 from ddrl.registry import SAMPLERS
+from ddrl.sampling.base import sample_in_chunks
 from ddrl.training import checkpoint as ckpt
 from ddrl.training.common import (Clock, build_optimizer, build_scheduler, check_writable, derive_seed,
                                   disable_dropout, make_generator, nanmean, pick_device)
@@ -314,16 +315,15 @@ class Trainer:
                                         device=self.device)  # [N, P]: the prompts the likelihood passes score too
         mine = slice(self.dist.rank * per_rank, (self.dist.rank + 1) * per_rank)
         prompt_ids, prompt_mask = all_ids[mine].repeat_interleave(G, 0), all_mask[mine].repeat_interleave(G, 0)
-        # One sampler call for all of this rank's groups. Each group draws from its own generator, on
-        # the model's device, seeded by (seed, step, the group's data position): its completions are
-        # those of a call on that group alone, so 1 process and N processes draw the same rollouts.
+        # One sampler call for all of this rank's groups (or calls of rollout.batch_rows rows). Each group draws
+        # from its own generator, on the model's device, seeded by (seed, step, the group's data position): its
+        # completions are those of a call on that group alone, so 1 process and N processes draw the same rollouts.
         generators = RowGenerators([make_generator(derive_seed(self.cfg.seed, "rollout", step, first + i), self.device)
                                     for i in range(per_rank)], rows_per_generator=G)
-        sampler = SAMPLERS.get(self.cfg.rollout.name)
         self.model.eval()
         with self.autocast, gathered_parameters(self.model):
-            out = sampler(self.model, prompt_ids, prompt_mask, self.cfg.rollout, generator=generators,
-                          return_trajectory=self.needs_trajectory)
+            out = sample_in_chunks(SAMPLERS.get(self.cfg.rollout.name), self.model, prompt_ids, prompt_mask,
+                                   self.cfg.rollout, generator=generators, return_trajectory=self.needs_trajectory)
         self.model.train()
         stop_ids = model_stop_ids(self.model)  # EOS and any end-of-turn id (a chat checkpoint's <|im_end|>)
         completions = task_completions(self.model, self.task, out.completion_ids)  # texts, or decoded images

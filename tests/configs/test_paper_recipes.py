@@ -4,7 +4,9 @@ format, a tiny checkpoint in the official layout, and one RL step with a finite 
 The recipes name placeholder paths (/path/to/...); the test points them at files it writes in the
 papers' formats (GSM8K jsonl, MATH rows, d1's Countdown jsonl and the hub's, d1's Sudoku CSV, MBPP
 jsonl, GenEval's metadata jsonl and the PickScore / OCR .txt prompt lists) and at
-tests/fixtures/{llada,dream,ursa}/model and tests/fixtures/llada2/model-2.0 (official layouts: hub folders, URSA's diffusers pipeline folder).
+tests/fixtures/{llada,dream,ursa}/model and tests/fixtures/llada2/model-2.0 (official layouts: hub folders, URSA's diffusers pipeline folder);
+MMaDA-8B-Base and its MAGVIT-v2 directory become the tiny official-layout pair of tests/unit/test_mmada_t2i.py.
+A data file shipped with ddrl (ddrl:geneval/...) is read as it is.
 A text-to-image recipe's reward becomes a tiny random CLIP directory (pickscore) or a reward server on
 loopback (server) serving a fixed function of the image.
 
@@ -41,6 +43,8 @@ FULL_FT = ("stable_drl", "coupled_grpo", "tracerl", "udm_grpo", "unigrpo")  # re
 def _family(cfg: RLConfig, path: Path) -> str:
     """Which tiny checkpoint stands in for the recipe's model (by its placeholder path)."""
     name = Path(cfg.model.path or "").name.lower()
+    if "mmada" in name:  # MMaDA with its MAGVIT-v2 decoder (model.vq_path): text-to-image
+        return "mmada"
     if "llada2" in name:  # LLaDA2.0/2.1-mini: the official-format tiny MoE (tests/fixtures/make_llada2.py)
         return "llada2"
     if "llada" in name:
@@ -139,7 +143,12 @@ def write_dna_files(d: Path, n: int = 40, length: int = 8) -> dict[str, str]:
 
 def _model_dir(family: str, tmp_path: Path) -> Path:
     """The tiny checkpoint of `family`. The Dream fixture's config allows 128 positions, fewer than a
-    paper prompt's tokens; a copy with a longer max_position_embeddings (RoPE: any length) holds them."""
+    paper prompt's tokens; a copy with a longer max_position_embeddings (RoPE: any length) holds them.
+    MMaDA: the tiny official-layout MMaDA whose tokenizer is shorter than its text rows."""
+    if family == "mmada":
+        from tests.unit.test_mmada_t2i import write_tiny_mmada
+
+        return write_tiny_mmada(tmp_path / "mmada")
     if family != "dream":
         return MODELS[family]
     out = tmp_path / "dream-model"
@@ -162,6 +171,12 @@ def _shrink(cfg: RLConfig, family: str, tmp_path: Path) -> list[str]:
         out += ["model.lora.rank=4", "model.lora.alpha=8"]
     if family == "ursa":  # the tiny pipeline's 4 x 4 latent grid (8 x 8 pixels); 2 of the recipe's 10 steps
         out += ["rollout.gen_length=16", "rollout.steps=2", "task.args.image_grid=[4,4]"]
+    elif family == "mmada":  # 2 x 2 codes through the tiny MAGVIT-v2 (32 x 32 pixels); 2 of the recipe's 12 steps
+        from tests.unit.test_mmada_t2i import write_magvit
+
+        assert str(cfg.model.vq_path or "").startswith("/path/to/"), "model.vq_path names the MAGVIT-v2 directory"
+        out += [f"model.vq_path={write_magvit(tmp_path / 'magvit')}", "rollout.gen_length=4", "rollout.steps=2",
+                "task.args.image_grid=[2,2]"]
     elif family == "dna":
         out += ["rollout.gen_length=8", "rollout.steps=8"]  # the tiny checkpoint's length
     else:
@@ -180,10 +195,13 @@ def _shrink(cfg: RLConfig, family: str, tmp_path: Path) -> list[str]:
     if cfg.task.name in FILE_TASKS:
         for key in ("train_path", "test_path"):
             value = cfg.task.args.get(key)
-            assert isinstance(value, str) and value.startswith("/path/to/"), (
-                f"task.args.{key} must name the paper's file as a /path/to/... placeholder, got {value!r}")
-        train, test = write_task_files(cfg.task.name, tmp_path, Path(cfg.task.args["train_path"]).suffix)
-        out += [f"task.args.train_path={train}", f"task.args.test_path={test}"]
+            assert isinstance(value, str) and value.startswith(("/path/to/", "ddrl:")), (
+                f"task.args.{key} must name the paper's file as a /path/to/... placeholder (or a file shipped "
+                f"with ddrl, ddrl:NAME), got {value!r}")
+        files = dict(zip(("train_path", "test_path"),
+                         write_task_files(cfg.task.name, tmp_path, Path(cfg.task.args["train_path"]).suffix)))
+        out += [f"task.args.{key}={file}" for key, file in files.items()
+                if not cfg.task.args[key].startswith("ddrl:")]  # a shipped file is read as it is
     return out
 
 

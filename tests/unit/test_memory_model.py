@@ -165,3 +165,41 @@ def test_moe_shape_read_from_the_tiny_llada2_checkpoint_counts_its_parameters():
     E, K = raw["num_experts"], raw["num_experts_per_tok"]
     routed = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
     assert shape.params - shape.active_params == routed * (E - K) // E
+
+
+def test_image_rollouts_count_rows_per_sampler_call_and_guidance_rows():
+    """MaskGRPO's image recipe: 1 row per sampler call (rollout.batch_rows) with its unconditional row
+    (cfg 3.5), 1,024 codes drawn over MMaDA-8B's whole 134,656-id vocabulary (emerge suppresses the
+    ids outside the codebook but does not slice), bf16 compute (c = 2). Hand-computed from the module doc."""
+    from ddrl.training.memory import MMADA_8B
+
+    recipe = ROOT / "configs/paper/maskgrpo/t2i_mmada.yaml"
+    cfg = load_config(recipe, [], RLConfig)
+    assert model_shape(cfg.model.path) is MMADA_8B and MMADA_8B.vocab == 134656
+    V, W, T, c = 134656, 1024, 256 + 1024, 2
+    one_layer = (4 * 4096 + 3 * 12288) * c  # bytes per token of the no-grad forward's transient
+    for world, rows in ((1, 72), (8, 9)):
+        rollout = estimate_memory(cfg, MMADA_8B, world).phases["rollout"]
+        assert rollout["no-grad forward (one layer)"] == 2 * T * one_layer  # 1 row + its unconditional row
+        assert rollout["block logits + fp32 temporaries"] == max(W * V * (c + 12), W * V * 4 * c) == W * V * 14
+        whole = estimate_memory(load_config(recipe, ["rollout.batch_rows=null"], RLConfig), MMADA_8B, world)
+        assert whole.phases["rollout"]["no-grad forward (one layer)"] == 2 * rows * T * one_layer
+        assert whole.phases["rollout"]["block logits + fp32 temporaries"] == rows * W * V * 14
+    no_cfg = estimate_memory(load_config(recipe, ["rollout.cfg_scale=0", "rollout.batch_rows=3"], RLConfig),
+                             MMADA_8B, 8).phases["rollout"]
+    assert no_cfg["no-grad forward (one layer)"] == 3 * T * one_layer
+    assert no_cfg["block logits + fp32 temporaries"] == 3 * W * V * (c + 12)
+    # MMaDA's maskgit sampler slices the guided logits to the 8,192 codes before its fp32 temporaries
+    maskgit = estimate_memory(load_config(recipe, ["rollout.name=maskgit", "rollout.cfg_scale=0"], RLConfig),
+                              MMADA_8B, 8).phases["rollout"]
+    assert maskgit["block logits + fp32 temporaries"] == W * (V * c + 8192 * 12)
+    # on one GPU, 72 rows of logits in one call would not fit; one row a call does
+    one_call = estimate_memory(load_config(recipe, ["rollout.batch_rows=null"], RLConfig), MMADA_8B, 1)
+    assert estimate_memory(cfg, MMADA_8B, 1).total < 70 * GB < one_call.total
+
+
+def test_codebook_size_is_read_from_config_json():
+    mmada = {"d_model": 64, "n_layers": 2, "n_heads": 4, "mlp_hidden_size": 128, "embedding_size": 192,
+             "vocab_size": 192, "codebook_size": 64}
+    assert shape_from_config(mmada).codebook == 64
+    assert shape_from_config({**mmada, "codebook_size": None}).codebook == 0
