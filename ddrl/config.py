@@ -167,9 +167,10 @@ class TrainConfig:
     group_size: int = 8  # G, completions per prompt
     num_iterations: int = 1  # mu, inner updates on the same rollouts
     micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None = all
-    micro_batch_rows: int | None = None  # estimators with training rows of their own (TraceRL's trace states):
-    # at most this many rows per forward/backward, cut sample-major as dLLM-RL does (Trace.row_chunks), so
-    # memory is bounded by rows, not by samples x states (micro_batch_size is then unused); None = whole groups
+    micro_batch_rows: int | None = None  # estimators with training rows of their own (TraceRL's trace states,
+    # UniGRPO's masked copies): at most this many rows per forward/backward, cut sample-major as dLLM-RL does
+    # (row_chunks) within each micro_batch_size slice (whose masks a copy chunk keeps), so memory is bounded
+    # by rows, not by samples x states or copies; None = whole micro-batches
     minibatches: int = 1  # optimizer steps per inner iteration, each on a disjoint share of the groups (PPO
     # minibatches; TraceRL); old log-probs stay those of the rollout policy
     group_filter: list[float] | None = None  # [lo, hi]: groups whose mean reward is below lo or above hi
@@ -527,6 +528,24 @@ MIXED_PRECISION = ("none", "bf16")  # model.mixed_precision (ddrl.training.distr
 SHARDED_CHECKPOINTS = ("auto", True, False)  # train.sharded_checkpoints
 
 
+def _check_row_loss(method: Any, est_name: str) -> None:
+    """train.micro_batch_rows with an estimator whose rows share tokens (random_ratio's masked copies):
+    a chunk holds some of a sample's copies, so only a loss that sums per-row terms adds up over the
+    chunks to the uncut loss; a token-level loss reads the mean over all copies."""
+    from ddrl.objectives.ppo import ROW_AGGREGATIONS
+    from ddrl.registry import ESTIMATORS, OBJECTIVES
+
+    if not getattr(ESTIMATORS.get(est_name), "rows_share_tokens", False):
+        return
+    aggregation = method.objective_args.get("aggregation", getattr(OBJECTIVES.get(method.objective), "aggregation",
+                                                                   None))
+    if aggregation not in ROW_AGGREGATIONS:
+        raise ConfigError(f"train.micro_batch_rows cuts estimator {est_name!r}'s masked copies into chunks, which only "
+                          f"a per-row loss adds up over; objective {method.objective!r} has aggregation="
+                          f"{aggregation!r}: set method.objective_args.aggregation=row_token_mean (objectives with "
+                          f"row aggregations: unigrpo, tracerl) or use train.micro_batch_size")
+
+
 def validate(cfg: Any) -> None:
     from ddrl.registry import ESTIMATORS, OBJECTIVES, PROCESSES, TASKS
 
@@ -588,7 +607,9 @@ def validate(cfg: Any) -> None:
                 raise ConfigError(f"train.micro_batch_rows must be >= 1 (or null), got {t.micro_batch_rows}")
             if est_name is None or not hasattr(ESTIMATORS.get(est_name), "row_chunks"):
                 raise ConfigError(f"train.micro_batch_rows cuts an estimator's own training rows (TraceRL's trace "
-                                  f"states); estimator {est_name!r} has none: use train.micro_batch_size")
+                                  f"states, UniGRPO's masked copies); estimator {est_name!r} has none: use "
+                                  f"train.micro_batch_size")
+            _check_row_loss(m, est_name)
         if t.sharded_checkpoints not in SHARDED_CHECKPOINTS:
             raise ConfigError(f"train.sharded_checkpoints={t.sharded_checkpoints!r} is not valid; choose one of: "
                               f"auto, true, false")

@@ -79,6 +79,7 @@ class Trace:
     passes: ClassVar[str] = "decoding steps / shrink"
     needs_trajectory: ClassVar[bool] = True
     trajectory_record: ClassVar[str] = COMMIT_ORDER  # reads commit_step only: no per-step token_probs
+    row_selection: ClassVar[str] = "trace_states"  # the extras key of a row chunk's states (Method.row_chunks)
 
     def states(self, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The training states: (rows [N], masks [N, L] (True = masked), targets [N, L], order [B, L])."""

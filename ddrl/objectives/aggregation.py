@@ -47,7 +47,7 @@ class AggregationCounts:
                    world size when every process cuts the same number); only `micro_batch_token_mean`
                    reads it
     rows:          training rows of the step when an estimator makes several per sample (TraceRL's
-                   trace states), summed over processes; None when a row is a sample. Read by the
+                   trace states, UniGRPO's masked copies), summed over processes; None when a row is a sample. Read by the
                    row aggregations of ppo.TokenPPO.
     """
 

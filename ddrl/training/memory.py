@@ -43,9 +43,11 @@ R = rows per sampler call: a rank's rollout rows (prompts_per_step / ranks x gro
 rollout.batch_rows when that is fewer (the rollout in calls of that many rows); F = R, 2R under guidance
 (rollout.cfg_scale > 0: conditional and unconditional rows in one forward); T = prompt + completion
 tokens (the prompt: rollout.max_prompt_length, else 256), W = rollout.block_length, S_b = sampler
-steps per block, N = an image model's codebook (config.json codebook_size), m = rows per micro-batch (train.micro_batch_size, micro_batch_rows for TraceRL, else
-all of a rank's rows), k = the estimator's masked copies per row (num_mc, copies, num_t; a coupled
-pair counts 2), taken as batched in one forward (an upper bound where an estimator loops).
+steps per block, N = an image model's codebook (config.json codebook_size), m = rows per micro-batch
+(train.micro_batch_size, else all of a rank's rows), k = the estimator's masked copies per row (num_mc,
+copies, num_t; a coupled pair counts 2), taken as batched in one forward (an upper bound where an
+estimator loops); with train.micro_batch_rows (an estimator's own training rows: TraceRL's trace
+states, UniGRPO's (sample, copy) rows) m x k is micro_batch_rows.
 
 Mixtures of experts (LLaDA2.0/2.1-mini: 16.3B parameters, 1.43B active). Weights, gradients, AdamW
 state, the reference copy and FSDP's gathered units count every parameter (P: all experts; an FSDP unit
@@ -395,8 +397,11 @@ def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy
                   c: int, bf16: bool, T: int) -> dict[str, float]:
     t = cfg.train
     per_rank = t.prompts_per_step // world * t.group_size
-    rows = t.micro_batch_rows if t.micro_batch_rows and method.has_rows else (t.micro_batch_size or per_rank)
-    tokens = min(rows, per_rank if not method.has_rows else rows) * estimator_copies(method) * T
+    if t.micro_batch_rows and method.has_rows:  # the estimator's own rows (trace states, masked copies) per call
+        rows = t.micro_batch_rows
+    else:  # samples x the copies one estimator call batches
+        rows = min(t.micro_batch_size or per_rank, per_rank) * estimator_copies(method)
+    tokens = rows * T
     d, kv, f, L = shape.d_model, shape.kv_dim, shape.active_ffn, shape.n_layers
     block = tokens * (6 * d + 2 * kv + 4 * f + shape.dispatch_width) * c
     terms = _compute_weights(strategy, shape, counts, c, bf16, whole=False)

@@ -8,7 +8,7 @@ method needs is stated in one place and checked at start-up:
     method.needs_old / needs_ref / needs_trajectory    which passes and records the step computes
     method.advantage                                    kind, std, clip, invalid-reward policy
     method.skip_safe                                    all-zero-advantage groups carry no gradient
-    method.count_rows(b) / row_chunks(b, n)             an estimator's own training rows (TraceRL)
+    method.count_rows(b) / row_chunks(b, n)             an estimator's own training rows (TraceRL, UniGRPO)
     method.mask_seed_iteration(k)                       which inner iteration's masks iteration k uses
     method.prepare(batch)                               per-rollout inputs (DACA's token weights)
     method.loss(mb, new, old, ref, counts)              objective + DiPOD's ELBO regulariser
@@ -99,28 +99,29 @@ class Method:
 
     @property
     def has_rows(self) -> bool:
-        """The estimator makes training rows of its own (TraceRL's trace states): it counts them
-        (`count_rows`, the row aggregations' normaliser) and cuts them (`row_chunks`,
-        train.micro_batch_rows)."""
+        """The estimator makes training rows of its own (TraceRL's trace states, UniGRPO's masked
+        copies): it counts them (`count_rows`, the row aggregations' normaliser) and cuts them
+        (`row_chunks`, train.micro_batch_rows)."""
         return hasattr(self.estimator, "count_rows")
 
     def count_rows(self, batch: RolloutBatch) -> float | None:
         """Training rows of a batch when the estimator makes more than one per sample (TraceRL's trace
-        states: `Trace.count_rows`), else None (the loss counts rows from the batch itself)."""
+        states, UniGRPO's masked copies: `count_rows`), else None (the loss counts rows from the batch itself)."""
         count = getattr(self.estimator, "count_rows", None)  # an optional estimator capability
         return None if count is None else float(count(batch))
 
     def row_chunks(self, batch: RolloutBatch, rows: int) -> list[RolloutBatch]:
         """Micro-batches of at most `rows` training rows (train.micro_batch_rows): the estimator's
-        (sample, state) rows cut sample-major (`Trace.row_chunks`), each micro-batch the samples it
-        touches with extras["trace_states"] [n, S] naming the states it computes."""
+        rows cut sample-major (`Trace.row_chunks`: (sample, state); `RandomRatio.row_chunks`: (sample,
+        copy)), each micro-batch the samples it holds with extras[estimator.row_selection] [n, S]
+        naming the rows it computes."""
         if not hasattr(self.estimator, "row_chunks"):
             raise ValueError(f"estimator {getattr(self.estimator, 'name', self.estimator)!r} makes no training rows "
                              f"of its own to cut; unset train.micro_batch_rows and use train.micro_batch_size")
         out = []
-        for samples, states in self.estimator.row_chunks(batch, rows):
+        for samples, selection in self.estimator.row_chunks(batch, rows):
             mb = batch.index(samples)
-            mb.extras["trace_states"] = states
+            mb.extras[self.estimator.row_selection] = selection
             out.append(mb)
         return out
 

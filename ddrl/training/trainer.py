@@ -620,18 +620,20 @@ class Trainer:
 
     def micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
         """Slices of whole groups (group-level normalisations need the full group); with
-        train.micro_batch_rows, the estimator's own row chunks: TraceRL's (sample, state) rows,
-        sample-major, cut every N rows as dLLM-RL does, each micro-batch the samples it touches with
-        extras["trace_states"] naming the states to compute (a sample may span two micro-batches;
-        its loss is per row, so nothing needs the whole group)."""
+        train.micro_batch_rows, each slice cut again into the estimator's own row chunks: TraceRL's
+        (sample, state) rows or UniGRPO's (sample, copy) rows, sample-major, every N rows as dLLM-RL
+        does, each micro-batch with extras[estimator.row_selection] naming the rows to compute (a
+        sample may span two micro-batches; its loss is per row, so nothing needs the whole group).
+        A copy chunk holds its whole slice, so its masks are the uncut slice's (RandomRatio)."""
         t = self.cfg.train
         if len(batch) == 0:
             return []
-        if t.micro_batch_rows:
-            return self.method.row_chunks(batch, t.micro_batch_rows)
         size = t.micro_batch_size or len(batch)
         rows = max(1, size // t.group_size) * t.group_size
-        return [batch.index(slice(lo, lo + rows)) for lo in range(0, len(batch), rows)]
+        pieces = [batch.index(slice(lo, lo + rows)) for lo in range(0, len(batch), rows)]
+        if t.micro_batch_rows:
+            return [chunk for piece in pieces for chunk in self.method.row_chunks(piece, t.micro_batch_rows)]
+        return pieces
 
     def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, Any]:
         """Device tensors (and floats): reduce_mean_dict copies them to the host once per step."""

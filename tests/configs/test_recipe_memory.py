@@ -1,6 +1,7 @@
 """Gradient checkpointing in the paper's LoRA recipes is on exactly where the memory model
 (ddrl.training.memory) says a step needs it: it recomputes every block's forward in backward, a
-third of the update's compute, so a recipe that fits without it leaves it off."""
+third of the update's compute, so a recipe that fits without it leaves it off. A full fine-tuning
+recipe that only fits through row chunks (UniGRPO's 35 masked copies) says so."""
 
 from __future__ import annotations
 
@@ -34,3 +35,19 @@ def test_lora_recipes_checkpoint_only_when_they_must(config):
     if base is not None:
         text += (config.parent / base).read_text()
     assert "Memory: gradient checkpointing" in text
+
+
+def test_unigrpo_recipe_fits_8_gpus_only_through_its_copy_row_chunks():
+    """35 masked copies of a group's 8 rows in one forward/backward held ~92 GB of checkpointed
+    activations per rank; the recipe cuts them into train.micro_batch_rows chunks (same gradient:
+    tests/unit/test_random_ratio_row_chunks.py) and its header says why."""
+    path = ROOT / "configs/paper/unigrpo_llada8b.yaml"
+    cfg = load_config(path, [], RLConfig)
+    shape = model_shape(cfg.model.path)
+    uncut = load_config(path, ["train.micro_batch_rows=null", "train.micro_batch_size=8"], RLConfig)
+    assert estimate_memory(uncut, shape, 8).total > 80 * GB
+    est = estimate_memory(cfg, shape, 8)
+    assert est.total <= BUDGET, est.report()
+    assert est.phases["update"]["activations (checkpointed)"] < 0.3 * estimate_memory(
+        uncut, shape, 8).phases["update"]["activations (checkpointed)"]
+    assert "Memory: backward runs per micro-batch of train.micro_batch_rows" in path.read_text()

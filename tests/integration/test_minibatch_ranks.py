@@ -34,8 +34,10 @@ RECIPES = {
     "tracerl": ["train.minibatches=8", "train.micro_batch_rows=8", "train.num_iterations=2",
                 "task.name=tests.integration.test_distributed:filtered_mini_sudoku", "train.group_filter=[0.0,0.9]"],
     # UniGRPO (configs/paper/unigrpo_llada8b.yaml's loop, mu = 2 as configs/rl): two groups per
-    # optimizer step, spread over two ranks under 8 processes.
-    "unigrpo": ["train.minibatches=4", "train.micro_batch_size=4", "train.num_iterations=2",
+    # optimizer step, spread over two ranks under 8 processes; masks drawn per group (micro_batch_size),
+    # backward per chunk of 5 (sample, copy) rows that split a sample's 3 copies.
+    "unigrpo": ["train.minibatches=4", "train.micro_batch_size=4", "train.micro_batch_rows=5",
+                "method.estimator_args.copies=3", "train.num_iterations=2",
                 "task.name=tests.integration.test_distributed:dense_mini_sudoku"],
 }
 

@@ -1,6 +1,6 @@
 """The RL step's loop at scale, on the CPU: one batched sampler call per rollout step, no redundant old
-pass, no host sync per statistic, TraceRL's micro-batches of state rows, and a SIGTERM that ends the
-run cleanly after a checkpoint."""
+pass, no host sync per statistic, TraceRL's micro-batches of state rows and UniGRPO's of copy rows, and
+a SIGTERM that ends the run cleanly after a checkpoint."""
 
 from __future__ import annotations
 
@@ -162,6 +162,41 @@ def test_trace_micro_batches_hold_at_most_n_state_rows_and_give_the_whole_gradie
         raise AssertionError("no step had a gradient: test is void")
     assert len(seen) > 2 and max(seen) <= 3, seen  # backward per chunk of at most 3 state rows
     assert sum(seen) == whole.method.count_rows(batch)  # every (sample, state) row exactly once
+    assert len(expected) == len(got)
+    for a, b in zip(expected, got):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+def test_unigrpo_copy_rows_in_chunks_give_the_whole_gradient(tiny_sudoku_model, tmp_path):
+    """train.micro_batch_rows on random_ratio's (sample, copy) rows: backward per chunk of at most 5 of
+    the 8 x 3 rows (chunks split a sample's copies), the optimizer step's gradient the uncut one."""
+    loop = ["train.num_iterations=1", "train.prompts_per_step=2", "train.group_size=4", "rollout.steps=4",
+            "train.skip_uninformative=false", "method.estimator_args.copies=3"]
+    whole = _trainer(tiny_sudoku_model, tmp_path / "whole", "unigrpo", *loop)
+    rows = _trainer(tiny_sudoku_model, tmp_path / "rows", "unigrpo", *loop, "train.micro_batch_rows=5")
+    seen: list[int] = []
+    real = rows.estimator
+
+    def estimator(model, mb, seed):
+        if torch.is_grad_enabled():
+            seen.append(int(mb.extras["copy_rows"].sum()))
+        return real(model, mb, seed)
+
+    rows.estimator = estimator
+    expected, got = _grads_at_the_step(whole), _grads_at_the_step(rows)
+    for step in range(1, 5):
+        seen.clear(), expected.clear(), got.clear()
+        batch = whole.rollout(step)
+        whole.score(batch)
+        whole.train_step(step)
+        rows.train_step(step)
+        if any(g.abs().max() > 0 for g in expected):
+            break
+    else:
+        raise AssertionError("no step had a gradient: test is void")
+    assert len(seen) > 2 and max(seen) <= 5, seen
+    assert sum(seen) == whole.method.count_rows(batch) == 3 * int(batch.reward_valid.sum())
     assert len(expected) == len(got)
     for a, b in zip(expected, got):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
