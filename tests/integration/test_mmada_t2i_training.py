@@ -43,3 +43,32 @@ def test_two_step_maskgrpo_text_to_image_on_mmada(tmp_path, released):
     assert any(not torch.equal(before[k].float(), after[k].float()) for k in before), "no parameter moved"
     saved = json.loads((run / "checkpoint-2" / "config.json").read_text())["ddrl"]
     assert saved["t2i_attend_padding"] is released
+
+
+def test_two_step_unigrpo_text_to_image_on_mmada(tmp_path):
+    """UniGRPO (MMaDA's own RL method) on the same tiny MMaDA: MaskGIT rollouts (MMaDA's t2i sampler),
+    random-ratio masked copies of the image scored with <|eoi|> after it (tests/unit/test_unigrpo_t2i.py),
+    backward per chunk of 3 (sample, copy) rows; MMaDA released no image RL settings, so these are ddrl's."""
+    from ddrl.training.trainer import train
+
+    mmada, magvit = write_tiny_mmada(tmp_path / "mmada"), write_magvit(tmp_path / "magvit")
+    clip = write_tiny_clip(tmp_path / "clip")
+    prompts = tmp_path / "train.txt"
+    prompts.write_text("a red cat\na blue dog\na green tree\na small house\n")
+    reward = json.dumps([{"name": "clip_score", "weight": 1.0, "args": {"model": str(clip)}}])
+    run = train(ROOT / "configs/rl/unigrpo_mini_sudoku.yaml", [
+        f"model.path={mmada}", f"model.vq_path={magvit}", "model.dtype=float32",
+        "task.name=text_to_image", "task.args={}", f"task.args={{image_grid: [2, 2], path: {prompts}, split: hash, "
+        f"test_fraction: 0.25, dev_fraction: 0.0, reward: {reward}}}",
+        "rollout.name=maskgit", "rollout.gen_length=4", "rollout.steps=2", "rollout.block_length=null",
+        "rollout.cache=none", "rollout.temperature=1.0", "method.estimator_args.copies=2",
+        "train.micro_batch_rows=3", "train.num_iterations=2", "train.steps=2", "train.prompts_per_step=2",
+        "train.group_size=2", "train.lr=1e-2", "train.save_every=2", "eval.n=0", "eval.before=false",
+        "train.progress=false", "train.tensorboard=false", f"output_dir={tmp_path / 'run'}"])
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows), rows
+    assert all(math.isfinite(r["reward/mean"]) for r in rows)
+    assert all(r["optimizer_steps"] > 0 for r in rows) and rows[-1]["optimizer_steps"] == 4  # mu 2 x 2 steps
+    before, after = load_file(str(mmada / "model.safetensors")), load_file(str(run / "checkpoint-2" / "model.safetensors"))
+    assert before.keys() == after.keys()
+    assert any(not torch.equal(before[k].float(), after[k].float()) for k in before), "no parameter moved"
