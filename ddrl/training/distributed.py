@@ -85,6 +85,24 @@ def init_distributed(backend: str | None, device: torch.device, *, timeout_s: fl
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), grouped=True)
 
 
+def check_whole_groups(prompts_per_step: int, world_size: int) -> None:
+    """Every rank holds whole prompt groups (a group's advantages are computed where it was sampled), so
+    train.prompts_per_step must divide over the processes. The error names the process counts that
+    work and the nearest batch that runs on this many (GDSD's released 20 prompts on 8 GPUs split
+    groups across devices; ddrl cannot)."""
+    n = prompts_per_step
+    if n % world_size == 0:
+        return
+    counts = [w for w in range(1, n + 1) if n % w == 0]
+    batches = [m for m in (n // world_size * world_size, -(-n // world_size) * world_size) if m > 0]
+    raise ValueError(
+        f"train.prompts_per_step={n} prompt groups cannot be split over {world_size} processes: each process "
+        f"holds whole groups. Run on {', '.join(map(str, counts[:-1]))} or {counts[-1]} processes (torchrun "
+        f"--nproc_per_node N; on a larger node pick the GPUs with CUDA_VISIBLE_DEVICES), or set "
+        f"train.prompts_per_step to a multiple of {world_size} ({' or '.join(map(str, batches))}: a different "
+        f"batch than the recipe's; scale train.steps to keep its length)")
+
+
 def resolve_strategy(strategy: str, info: DistInfo) -> str:
     if strategy == "auto":
         return "ddp" if info.enabled else "none"

@@ -47,9 +47,9 @@ from ddrl.sampling.base import sample_in_chunks
 from ddrl.training import checkpoint as ckpt
 from ddrl.training.common import (Clock, build_optimizer, build_scheduler, check_writable, derive_seed,
                                   disable_dropout, make_generator, nanmean, pick_device)
-from ddrl.training.distributed import (DistInfo, ModelHandle, all_reduce_max, all_reduce_sum, compute_context,
-                                       copy_parameters, device_memory, gathered_parameters, gradient_sync,
-                                       init_distributed, reduce_mean_dict, reshard, resolve_strategy, shard_model,
+from ddrl.training.distributed import (DistInfo, ModelHandle, all_reduce_max, all_reduce_sum, check_whole_groups,
+                                       compute_context, copy_parameters, device_memory, gathered_parameters,
+                                       gradient_sync, init_distributed, reduce_mean_dict, reshard, resolve_strategy, shard_model,
                                        wrap_model, zero_loss)
 from ddrl.training.logging import MetricsLogger, plot_reward_curve
 from ddrl.training.memory import check_memory
@@ -77,9 +77,7 @@ class Trainer:
         self.device = pick_device(cfg.device)
         self.dist: DistInfo = init_distributed(cfg.dist.backend, self.device, timeout_s=cfg.dist.timeout,
                                                one_rank_group=cfg.dist.cpu_offload)
-        if t.prompts_per_step % self.dist.world_size:
-            raise ValueError(f"train.prompts_per_step={t.prompts_per_step} must be divisible by the number of "
-                             f"processes ({self.dist.world_size}) so that every rank holds whole groups")
+        check_whole_groups(t.prompts_per_step, self.dist.world_size)  # before the data and the model
         self.run_dir = check_writable(cfg.output_dir)
         self.task = get_task(cfg.task.name, **task_kwargs(cfg.task))
         self.method: Method = build_method(cfg)

@@ -321,3 +321,27 @@ def test_recipe_starts_on_tiny_files_and_checkpoint(path, tmp_path, image_reward
     assert metrics.get("update/skipped") != 1.0, metrics
     assert "loss" in metrics and math.isfinite(metrics["loss"]), metrics
     assert metrics["optimizer_steps"] == small.train.num_iterations * small.train.minibatches
+
+
+def _uneven_on_8(path: Path) -> bool:
+    cfg = load_config(path, cls=RLConfig)
+    return cfg.dist.strategy != "none" and cfg.train.prompts_per_step % 8 != 0
+
+
+@pytest.mark.parametrize("path", [p for p in RECIPES if _uneven_on_8(p)], ids=_recipe_id)
+def test_a_multi_gpu_recipe_that_cannot_run_on_8_names_the_process_counts_that_work(path, monkeypatch):
+    """Each process holds whole prompt groups, so prompts_per_step must divide over the processes
+    (ddrl.training.distributed.check_whole_groups). A recipe whose batch does not split over an 8-GPU
+    node says in its header which counts work, and `ddrl train` on 8 stops at start-up naming them,
+    before the data or the model is read (the placeholder paths are never opened)."""
+    from ddrl.training import trainer as trainer_mod
+    from ddrl.training.distributed import DistInfo
+
+    cfg = load_config(path, cls=RLConfig)
+    n = cfg.train.prompts_per_step
+    counts = [w for w in range(1, n + 1) if n % w == 0]
+    named = ", ".join(map(str, counts[:-1])) + f" or {counts[-1]}"
+    assert f"# Processes: run on {named}" in path.read_text(), f"{path}: the header must name the counts {counts}"
+    monkeypatch.setattr(trainer_mod, "init_distributed", lambda *a, **k: DistInfo(rank=0, world_size=8))
+    with pytest.raises(ValueError, match=rf"cannot be split over 8 processes.*Run on {named} processes"):
+        trainer_mod.Trainer(cfg)
