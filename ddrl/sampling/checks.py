@@ -67,6 +67,13 @@ def _is_set(cfg: Any, field: str) -> bool:
     return value is not None
 
 
+def speed_settings(cfg: Any) -> list[str]:
+    """The settings that make a sampler decode faster than its reference (cache=none, one commit rule
+    without threshold or factor): a prefix/dual cache, threshold or factor decoding; empty = the reference.
+    cache=auto is not one: it is the exact cache on block-causal models and none elsewhere."""
+    return [f"{f}={_get(cfg, f)}" for f in ("cache", "threshold", "factor") if _is_set(cfg, f)]
+
+
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 

@@ -44,6 +44,7 @@ from ddrl.models.moe_balance import RouterBalance
 from ddrl.processes.draws import RowGenerators
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import sample_in_chunks
+from ddrl.sampling.checks import check_sampler, resolve_sampler, speed_settings
 from ddrl.training import checkpoint as ckpt
 from ddrl.training.common import (Clock, build_optimizer, build_scheduler, check_writable, derive_seed,
                                   disable_dropout, make_generator, nanmean, pick_device)
@@ -118,20 +119,19 @@ class Trainer:
         if self.dist.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
             r = cfg.rollout
-            fast = r.cache != "none" or r.threshold is not None
+            fast = speed_settings(r)
             updates = t.num_iterations * t.minibatches
             print(f"length: train.steps={t.steps} rollout steps x {updates} optimizer steps each (num_iterations="
                   f"{t.num_iterations} x minibatches={t.minibatches}) = {t.steps * updates} optimizer steps; "
                   f"{t.prompts_per_step} prompts x {t.group_size} completions per rollout")
             print(f"rollout: {r.name} sampler, cache={r.cache}, threshold={r.threshold}, early_exit={r.early_exit} "
-                  f"({'fast' if fast else 'reference'} path; rollout.cache=none rollout.threshold=null is the reference)")
+                  f"({'fast path: ' + ', '.join(fast) if fast else 'reference path'}; rollout.cache=none "
+                  f"rollout.threshold=null rollout.factor=null is the reference)")
 
     # ------------------------------------------------------------------ setup helpers
     def _resolve_sampler(self) -> None:
         """rollout.name=auto becomes the model's own sampler (config.yaml records which); an explicit
         one the model cannot run, or settings it refuses, fail here, before any compute."""
-        from ddrl.sampling.checks import check_sampler, resolve_sampler
-
         r = self.cfg.rollout
         r.name = resolve_sampler(self.model, r.name, "rollout")
         check_sampler(r, "rollout", block_size=getattr(self.model, "block_size", None) or None)

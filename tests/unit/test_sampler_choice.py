@@ -96,3 +96,15 @@ def test_the_trainer_resolves_auto_and_refuses_a_contradiction_before_any_comput
     assert yaml.safe_load((tmp_path / "auto" / "config.yaml").read_text())["rollout"]["name"] == "block"
     with pytest.raises(ValueError, match=r"rollout.name='masked' does not fit this sdar model"):
         Trainer(_sdar_trainer_config(tmp_path / "masked", "rollout.name=masked", "rollout.block_length=8"))
+
+
+def test_speed_settings_name_what_departs_from_the_reference():
+    """The trainer's start-up line says "fast path" only for settings that change the tokens: an auto
+    cache (exact, or none) on a cacheless sampler such as URSA's metric_path is the reference."""
+    from ddrl.config import SamplerConfig
+    from ddrl.sampling.checks import speed_settings
+
+    assert speed_settings(SamplerConfig(name="metric_path")) == []
+    assert speed_settings(SamplerConfig(cache="none")) == []
+    assert speed_settings(SamplerConfig(cache="dual", threshold=0.9)) == ["cache=dual", "threshold=0.9"]
+    assert speed_settings(SamplerConfig(factor=1.0)) == ["factor=1.0"]
