@@ -128,10 +128,14 @@ class HPSv2Reward(ModelReward):
             raise ValueError(f"{checkpoint} is not an HPSv2 checkpoint: it has no 'state_dict' key (found "
                              f"{sorted(state)[:5] if isinstance(state, dict) else type(state).__name__})")
         weights = {k.removeprefix("module."): v for k, v in state["state_dict"].items()}  # DDP-saved copies
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"{checkpoint} does not fit open_clip {name}: missing {sorted(missing)[:5]}, unexpected "
-                             f"{sorted(unexpected)[:5]}; pass the arch it was trained as (arch=, HPSv2: ViT-H-14)")
+        shapes = {k: v.shape for k, v in model.state_dict().items()}
+        missing, unexpected = sorted(set(shapes) - set(weights)), sorted(set(weights) - set(shapes))
+        resized = sorted(k for k in set(shapes) & set(weights) if tuple(weights[k].shape) != tuple(shapes[k]))
+        if missing or unexpected or resized:
+            raise ValueError(f"{checkpoint} does not fit open_clip {name}: missing {missing[:3]}, unexpected "
+                             f"{unexpected[:3]}, other shapes {resized[:3]}; pass the arch it was trained as "
+                             f"(arch=; HPSv2 is ViT-H-14)")
+        model.load_state_dict(weights)
         cfg = model.visual.preprocess_cfg
         size = cfg["size"] if isinstance(cfg["size"], int) else cfg["size"][0]
         self.model = model.eval().to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
