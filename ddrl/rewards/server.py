@@ -54,12 +54,14 @@ def images_to_png(images: Tensor) -> list[str]:
     """[n, 3, H, W] in [0, 1] -> n base64 PNG strings (lossless, 8 bits per channel)."""
     from ddrl.rewards.pixels import to_pil
 
-    out = []
-    for picture in to_pil(images):
-        buffer = io.BytesIO()
-        picture.save(buffer, format="PNG")
-        out.append(base64.b64encode(buffer.getvalue()).decode("ascii"))
-    return out
+    return [pil_to_png(picture) for picture in to_pil(images)]
+
+
+def pil_to_png(picture: Any) -> str:
+    """A PIL image -> a base64 PNG string."""
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def png_to_images(encoded: list[str]) -> Tensor:
