@@ -1,5 +1,5 @@
 """A tiny random open_clip model saved as an HPSv2 checkpoint ({"state_dict": ...}), the stand-in for
-HPS_v2.1_compressed.pt in tests, and the torchvision import guard open_clip needs on CPU-only torch."""
+HPS_v2.1_compressed.pt in tests, and the torchvision import guard the test suite needs on CPU-only torch."""
 
 from __future__ import annotations
 
@@ -15,27 +15,37 @@ TINY_HPS_CONFIG = {"embed_dim": 16,
                    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2}}
 
 
-def import_open_clip():
-    """open_clip, importable beside this machine's torch. The torchvision 0.28.0 wheel here is the CUDA
-    build while torch is the CPU build: its C extension cannot load, and torchvision's
-    _meta_registrations then registers fakes for two of its ops unconditionally and fails to import.
-    Defining those two op schemas first lets the pure-Python parts load (open_clip uses only transforms
-    and FrozenBatchNorm2d; no C op is ever called). Where the extension loads, nothing is changed."""
+def guard_torchvision_import() -> None:
+    """Let torchvision import beside this machine's torch (tests/conftest.py calls it first).
+
+    The torchvision 0.28.0 wheel here (the `dev` extra installs it for open_clip) is the CUDA build
+    while torch is the CPU build: its C extension cannot load, and torchvision's _meta_registrations
+    then registers fakes for two of its ops unconditionally, so `import torchvision` fails, and with it
+    open_clip and transformers' image processors (they import it when it is installed). Defining those
+    two op schemas first lets its pure-Python parts load (no test calls a torchvision C op). Where the
+    extension loads (a matching build), nothing is changed."""
     import importlib.util
+    import sys
 
     spec = importlib.util.find_spec("torchvision")
-    if spec is not None and "torchvision" not in __import__("sys").modules:
-        library = next(Path(spec.submodule_search_locations[0]).glob("_C*.so"), None)
-        try:
-            if library is None:
-                raise OSError("no torchvision/_C")
-            torch.ops.load_library(str(library))
-        except OSError:
-            for op in ("nms", "qnms"):
-                try:
-                    torch.library.define(f"torchvision::{op}", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-                except RuntimeError:
-                    pass  # already defined by an earlier call
+    if spec is None or "torchvision" in sys.modules:
+        return
+    library = next(Path(spec.submodule_search_locations[0]).glob("_C*.so"), None)
+    try:
+        if library is None:
+            raise OSError("no torchvision/_C")
+        torch.ops.load_library(str(library))
+    except OSError:
+        for op in ("nms", "qnms"):
+            try:
+                torch.library.define(f"torchvision::{op}", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+            except RuntimeError:
+                pass  # already defined by an earlier call
+
+
+def import_open_clip():
+    """open_clip, after the torchvision guard."""
+    guard_torchvision_import()
     import open_clip
 
     return open_clip
