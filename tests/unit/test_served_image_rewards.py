@@ -182,3 +182,17 @@ def test_text_to_image_builds_the_maskgrpo_sum_by_name(judge, tmp_path):
     assert isinstance(reward, CompositeReward) and reward.weights == {"unifiedreward": 1.0, "hpsv3": 0.5}
     with pytest.raises(ValueError, match="hpsv2, hpsv3, unifiedreward"):
         image_reward("imagereward")
+
+
+def test_serve_reward_lists_the_named_rewards(capsys):
+    from ddrl.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["serve-reward", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for name in ("pickscore", "clip_score", "hpsv2", "hpsv3", "unifiedreward"):
+        assert name in text
+    # a catalog name reaches its factory: one `ddrl: error:` line naming the problem (exit code 2)
+    assert main(["serve-reward", "--reward", "hpsv2", "--arg", "checkpoint=/nonexistent/HPS_v2.1_compressed.pt"]) == 2
+    assert "nothing is downloaded" in capsys.readouterr().err
