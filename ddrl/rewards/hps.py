@@ -9,7 +9,8 @@ Model: open_clip's ViT-H-14 (the default `arch`) with HPS_v2_compressed.pt or HP
 (the weights under the checkpoint's "state_dict" key). Everything is local: open_clip builds the
 architecture with pretrained=None (it downloads nothing) and ddrl loads the checkpoint itself.
 `arch` may also be an open_clip model-config JSON file ({"embed_dim", "vision_cfg", "text_cfg"}),
-registered under its file stem.
+registered under its file stem. open_clip is used in `load_open_clip_hps` only; `HPSv2Reward` scores
+with any module that has open_clip's `encode_image(pixels)` / `encode_text(tokens)` and a tokenizer.
 
 Preprocessing runs on the tensors a reward receives (`images=[n, 3, H, W]` in [0, 1]), as hpsv2's
 validation transform does on an image file: 8-bit pixels (the image as saved, `to_uint8`), bicubic
@@ -29,14 +30,17 @@ import contextlib
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ddrl.rewards.model_based import ModelReward
 
 INSTALL_HINT = "pip install 'ddrl[hps]'"
+# OpenAI CLIP's pixel statistics (open_clip's OPENAI_DATASET_MEAN/STD), which ViT-H-14 and HPSv2 use
+OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 def import_open_clip() -> Any:
@@ -81,12 +85,12 @@ def clip_preprocess(images: Tensor, size: int, mean: tuple[float, ...], std: tup
     # torchvision's resize of a float tensor is this interpolate call; torch's own keeps torchvision optional
     resize = functools.partial(torch.nn.functional.interpolate, mode="bicubic", align_corners=False, antialias=True)
     if resize_mode == "longest":
-        scale = size / max(h, w)
-        if scale != 1.0:
-            new_h, new_w = round(h * scale), round(w * scale)
-            pad_h, pad_w = size - new_h, size - new_w
-            x = torch.nn.functional.pad(resize(x, size=(new_h, new_w)),
-                                        (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2), value=fill)
+        ratio = max(h, w) / size  # open_clip's ResizeKeepRatio(longest=1): each side round(side / ratio)
+        new_h, new_w = round(h / ratio), round(w / ratio)
+        if (new_h, new_w) != (h, w):
+            x = resize(x, size=(new_h, new_w))
+        pad_h, pad_w = size - new_h, size - new_w  # a longest side already at `size` is still padded
+        x = torch.nn.functional.pad(x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2), value=fill)
     elif resize_mode == "shortest":
         scale = size / min(h, w)
         if scale != 1.0:  # torchvision's Resize(int): the shortest side to size, the other int(size * long / short)
@@ -95,53 +99,54 @@ def clip_preprocess(images: Tensor, size: int, mean: tuple[float, ...], std: tup
         top, left = int(round((x.shape[-2] - size) / 2.0)), int(round((x.shape[-1] - size) / 2.0))
         x = x[..., top:top + size, left:left + size]
     else:
-        raise ValueError(f"resize_mode must be 'longest' (hpsv2) or 'shortest' (open_clip's default), got {resize_mode!r}")
+        raise ValueError(f"resize_mode must be 'longest' (hpsv2) or 'shortest' (open_clip's default), "
+                         f"got {resize_mode!r}")
     mean_t = torch.tensor(mean, dtype=x.dtype).view(1, 3, 1, 1)
     std_t = torch.tensor(std, dtype=x.dtype).view(1, 3, 1, 1)
     return (x - mean_t) / std_t
 
 
 class HPSv2Reward(ModelReward):
-    """HPSv2 score cos(image, caption) of open_clip features (module docstring).
+    """HPSv2 score cos(image, caption) of a CLIP model's features (module docstring).
 
-    checkpoint:  HPS_v2(.1)_compressed.pt, a local file ({"state_dict": ...}); nothing is downloaded
-    arch:        open_clip model name (ViT-H-14) or a model-config .json file
+    model:       a module with open_clip's encode_image(pixels [n, 3, size, size]) -> [n, d] and
+                 encode_text(tokens) -> [n, d] (`load_open_clip_hps` builds HPSv2's; `hpsv2_reward` does both)
+    tokenizer:   texts -> token tensor, as open_clip's get_tokenizer gives
+    size, mean, std: the model's input side and pixel normalisation (ViT-H-14's: 224, OpenAI CLIP's)
     text_column: the column with the text the image should show ("caption"; "prompt" on a direct call)
     resize_mode: "longest" (hpsv2) or "shortest" (open_clip's default); amp: CUDA autocast fp16 as hpsv2
     """
 
-    def __init__(self, checkpoint: str | Path, *, arch: str | Path = "ViT-H-14", device: str | None = None,
+    def __init__(self, model: nn.Module, tokenizer: Callable[[list[str]], Tensor], *, size: int = 224,
+                 mean: Sequence[float] = OPENAI_MEAN, std: Sequence[float] = OPENAI_STD,
                  text_column: str = "caption", batch_size: int = 16, on_error: float | None = None,
                  resize_mode: str = "longest", amp: bool = True):
         super().__init__(batch_size=batch_size, on_error=on_error)
-        checkpoint = Path(checkpoint)
-        if not checkpoint.is_file():
-            raise FileNotFoundError(f"HPSv2 checkpoint {checkpoint} does not exist; nothing is downloaded: pass a "
-                                    f"local copy of HPS_v2.1_compressed.pt (or HPS_v2_compressed.pt, from xswu/HPSv2)")
+        if not (isinstance(model, nn.Module) and callable(getattr(model, "encode_image", None))
+                and callable(getattr(model, "encode_text", None))):
+            raise TypeError(f"model must be a torch module with open_clip's encode_image and encode_text, got "
+                            f"{type(model).__name__}; build HPSv2's with hpsv2_reward(checkpoint)")
+        if not callable(tokenizer):
+            raise TypeError(f"tokenizer must be callable (texts -> token tensor), got {type(tokenizer).__name__}")
         if resize_mode not in ("longest", "shortest"):
             raise ValueError(f"resize_mode must be 'longest' (hpsv2) or 'shortest', got {resize_mode!r}")
-        open_clip = import_open_clip()
-        name = open_clip_arch(arch)
-        model = open_clip.create_model(name, pretrained=None, output_dict=True)  # the architecture only
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or "state_dict" not in state:
-            raise ValueError(f"{checkpoint} is not an HPSv2 checkpoint: it has no 'state_dict' key (found "
-                             f"{sorted(state)[:5] if isinstance(state, dict) else type(state).__name__})")
-        weights = {k.removeprefix("module."): v for k, v in state["state_dict"].items()}  # DDP-saved copies
-        shapes = {k: v.shape for k, v in model.state_dict().items()}
-        missing, unexpected = sorted(set(shapes) - set(weights)), sorted(set(weights) - set(shapes))
-        resized = sorted(k for k in set(shapes) & set(weights) if tuple(weights[k].shape) != tuple(shapes[k]))
-        if missing or unexpected or resized:
-            raise ValueError(f"{checkpoint} does not fit open_clip {name}: missing {missing[:3]}, unexpected "
-                             f"{unexpected[:3]}, other shapes {resized[:3]}; pass the arch it was trained as "
-                             f"(arch=; HPSv2 is ViT-H-14)")
-        model.load_state_dict(weights)
-        cfg = model.visual.preprocess_cfg
-        size = cfg["size"] if isinstance(cfg["size"], int) else cfg["size"][0]
-        self.model = model.eval().to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.tokenizer = open_clip.get_tokenizer(name)
-        self.size, self.mean, self.std = int(size), tuple(cfg["mean"]), tuple(cfg["std"])
+        if len(mean) != 3 or len(std) != 3:
+            raise ValueError(f"mean and std need one value per RGB channel, got {list(mean)} and {list(std)}")
+        self.model, self.tokenizer = model, tokenizer
+        self.size, self.mean, self.std = int(size), tuple(mean), tuple(std)
         self.text_column, self.resize_mode, self.amp = text_column, resize_mode, amp
+
+    @torch.no_grad()
+    def score_pixels(self, pixels: Tensor, texts: list[str]) -> Tensor:
+        """hpsv2's score of preprocessed pixels [n, 3, size, size] with their texts: the cosine of the
+        normalized image and text features (the diagonal of image_features @ text_features.T)."""
+        tokens = self.tokenizer([str(t) for t in texts]).to(self.device)
+        autocast = (torch.autocast("cuda", dtype=torch.float16) if self.amp and self.device.type == "cuda"
+                    else contextlib.nullcontext())
+        with autocast:
+            image = nn.functional.normalize(self.model.encode_image(pixels.to(self.device)).float(), dim=-1)
+            text = nn.functional.normalize(self.model.encode_text(tokens).float(), dim=-1)
+        return (image * text).sum(-1)
 
     def score_batch(self, completions: list[str], columns: dict[str, list[Any]]) -> Tensor:
         images = columns.get("images")
@@ -151,15 +156,42 @@ class HPSv2Reward(ModelReward):
         if texts is None or any(t is None for t in texts):
             raise ValueError(f"the hpsv2 reward needs the {self.text_column!r} column")
         pixels = clip_preprocess(torch.stack(list(images)).cpu(), self.size, self.mean, self.std,
-                                 resize_mode=self.resize_mode).to(self.device)
-        tokens = self.tokenizer([str(t) for t in texts]).to(self.device)
-        autocast = (torch.autocast("cuda", dtype=torch.float16) if self.amp and self.device.type == "cuda"
-                    else contextlib.nullcontext())
-        with autocast:
-            out = self.model(pixels, tokens)  # normalized features (open_clip's CLIP.forward)
-            return (out["image_features"].float() * out["text_features"].float()).sum(-1)
+                                 resize_mode=self.resize_mode)
+        return self.score_pixels(pixels, texts)
 
 
-def hpsv2_reward(checkpoint: str | Path, **kwargs: Any) -> HPSv2Reward:
-    """HPSv2 from a local HPS_v2(.1)_compressed.pt (reward name `hpsv2`; args: checkpoint, arch, device, ...)."""
-    return HPSv2Reward(checkpoint, **kwargs)
+def load_open_clip_hps(checkpoint: str | Path, arch: str | Path = "ViT-H-14") -> tuple[nn.Module, Any, dict]:
+    """open_clip's `arch` with the weights of a local HPS checkpoint ({"state_dict": ...}), its tokenizer,
+    and its preprocessing {size, mean, std}: everything of HPSv2 that open_clip builds."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise FileNotFoundError(f"HPSv2 checkpoint {checkpoint} does not exist; nothing is downloaded: pass a "
+                                f"local copy of HPS_v2.1_compressed.pt (or HPS_v2_compressed.pt, from xswu/HPSv2)")
+    open_clip = import_open_clip()
+    name = open_clip_arch(arch)
+    model = open_clip.create_model(name, pretrained=None)  # the architecture only
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or "state_dict" not in state:
+        raise ValueError(f"{checkpoint} is not an HPSv2 checkpoint: it has no 'state_dict' key (found "
+                         f"{sorted(state)[:5] if isinstance(state, dict) else type(state).__name__})")
+    weights = {k.removeprefix("module."): v for k, v in state["state_dict"].items()}  # DDP-saved copies
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    missing, unexpected = sorted(set(shapes) - set(weights)), sorted(set(weights) - set(shapes))
+    resized = sorted(k for k in set(shapes) & set(weights) if tuple(weights[k].shape) != tuple(shapes[k]))
+    if missing or unexpected or resized:
+        raise ValueError(f"{checkpoint} does not fit open_clip {name}: missing {missing[:3]}, unexpected "
+                         f"{unexpected[:3]}, other shapes {resized[:3]}; pass the arch it was trained as "
+                         f"(arch=; HPSv2 is ViT-H-14)")
+    model.load_state_dict(weights)  # into the float32 model, whatever the checkpoint's dtype
+    cfg = model.visual.preprocess_cfg
+    size = cfg["size"] if isinstance(cfg["size"], int) else cfg["size"][0]
+    return model.eval(), open_clip.get_tokenizer(name), {"size": int(size), "mean": cfg["mean"], "std": cfg["std"]}
+
+
+def hpsv2_reward(checkpoint: str | Path, *, arch: str | Path = "ViT-H-14", device: str | None = None,
+                 **kwargs: Any) -> HPSv2Reward:
+    """HPSv2 from a local HPS_v2(.1)_compressed.pt (reward name `hpsv2`; args: checkpoint, arch, device,
+    and HPSv2Reward's text_column, batch_size, on_error, resize_mode, amp)."""
+    model, tokenizer, preprocess = load_open_clip_hps(checkpoint, arch)
+    reward = HPSv2Reward(model, tokenizer, **preprocess, **kwargs)
+    return reward.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
