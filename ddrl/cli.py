@@ -139,8 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                  description="Run a reward function as a server that RewardServerClient(url) calls: "
                              "GET /health, POST /score (ddrl/rewards/server.py).")
     p.add_argument("--reward", required=True,
-                   help="pickscore | clip_score (with --arg model=DIR) | module:function, a reward function "
-                        "or, with --arg, a factory that returns one")
+                   help="pickscore | clip_score (--arg model=DIR) | hpsv2 (--arg checkpoint=FILE) | hpsv3 "
+                        "(--arg checkpoint=FILE) | unifiedreward (--arg url=http://.../v1) | module:function, a "
+                        "reward function or, with --arg, a factory that returns one (ddrl/rewards/catalog.py)")
     p.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="factory argument")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
     p.add_argument("--port", type=int, default=18085, help="port (0 = any free one; default 18085)")
@@ -351,13 +352,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_serve_reward(args: argparse.Namespace) -> int:
     import importlib
 
-    from ddrl.rewards import model_based
+    from ddrl.rewards.catalog import IMAGE_REWARDS, image_reward_factory
     from ddrl.rewards.server import serve_reward
 
-    builtin = {"pickscore": model_based.pickscore_reward, "clip_score": model_based.clip_score_reward}
+    builtin = [name for name in IMAGE_REWARDS if name != "server"]  # a server of a server only adds a hop
     kwargs = _task_kwargs(args.arg)
     if args.reward in builtin:
-        reward = builtin[args.reward](**kwargs)
+        reward = image_reward_factory(args.reward)(**kwargs)
     elif ":" in args.reward:
         module, name = args.reward.split(":", 1)
         reward = getattr(importlib.import_module(module), name)

@@ -10,6 +10,7 @@ raises and returns in bounded time on any completion (docs/architecture.md#rewar
     digits_classifier_reward  a held-out classifier's p(`label` | image) (rewards/image.py)
     CompositeReward           weighted sum with per-part logging (rewards/composite.py)
     ModelReward, HFSequenceClassifierReward, ClipStyleImageReward   neural rewards (rewards/model_based.py)
+    pickscore, clip_score, hpsv2, hpsv3, unifiedreward   text-to-image rewards by name (rewards/catalog.py)
 
 The code sandbox and code-test rewards live in rewards/sandbox.py and rewards/code.py. Heavy
 dependencies (math-verify, scikit-learn, torch) load when a reward first runs.
@@ -37,6 +38,12 @@ _LAZY = {
     "clip_score_reward": "ddrl.rewards.model_based",
     "to_pil": "ddrl.rewards.pixels",
     "save_image_grid": "ddrl.rewards.pixels",
+    "HPSv2Reward": "ddrl.rewards.hps",
+    "hpsv2_reward": "ddrl.rewards.hps",
+    "HPSv3Reward": "ddrl.rewards.hpsv3",
+    "hpsv3_reward": "ddrl.rewards.hpsv3",
+    "UnifiedReward": "ddrl.rewards.unified_reward",
+    "unifiedreward_reward": "ddrl.rewards.unified_reward",
     "RewardServerClient": "ddrl.rewards.server",
     "serve_reward": "ddrl.rewards.server",
 }

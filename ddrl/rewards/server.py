@@ -54,12 +54,14 @@ def images_to_png(images: Tensor) -> list[str]:
     """[n, 3, H, W] in [0, 1] -> n base64 PNG strings (lossless, 8 bits per channel)."""
     from ddrl.rewards.pixels import to_pil
 
-    out = []
-    for picture in to_pil(images):
-        buffer = io.BytesIO()
-        picture.save(buffer, format="PNG")
-        out.append(base64.b64encode(buffer.getvalue()).decode("ascii"))
-    return out
+    return [pil_to_png(picture) for picture in to_pil(images)]
+
+
+def pil_to_png(picture: Any) -> str:
+    """A PIL image -> a base64 PNG string."""
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def png_to_images(encoded: list[str]) -> Tensor:
@@ -113,8 +115,7 @@ class RewardServerClient:
     def health(self) -> dict[str, Any]:
         """The server's /health answer; RewardServerError when it is down or speaks another protocol."""
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=min(self.timeout, 10.0)) as response:
-                answer = json.loads(response.read())
+            answer = get_json(f"{self.url}/health", timeout=min(self.timeout, 10.0))
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise RewardServerError(f"reward server at {self.url} is not reachable ({e}); start it with "
                                     f"`ddrl serve-reward --reward MODULE:FUNCTION --port PORT` and check the url") from None
@@ -136,29 +137,62 @@ class RewardServerClient:
         return out
 
     def _score(self, request: dict[str, Any], n: int) -> list[float | None]:
-        body = json.dumps(request).encode()
-        error = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff)
-            try:
-                post = urllib.request.Request(f"{self.url}/score", data=body, method="POST",
-                                              headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(post, timeout=self.timeout) as response:
-                    rewards = json.loads(response.read())["rewards"]
-                if len(rewards) != n:
-                    raise ValueError(f"the server returned {len(rewards)} rewards for {n} completions")
-                return [None if r is None or not math.isfinite(float(r)) else float(r) for r in rewards]
-            except urllib.error.HTTPError as e:
-                error = f"HTTP {e.code}: {e.read()[:300].decode(errors='replace')}"
-                if e.code < 500:  # the request itself is wrong: trying again cannot help
-                    break
-            except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as e:
-                error = str(e) or type(e).__name__
-        self.failures += 1
-        log.warning("reward server %s gave no rewards for %d completions (%s); they score None (%d failed "
-                    "batches so far)", self.url, n, error, self.failures)
-        return [None] * n
+        try:
+            rewards = post_json(f"{self.url}/score", request, timeout=self.timeout, retries=self.retries,
+                                backoff=self.backoff)["rewards"]
+            if len(rewards) != n:
+                raise RequestFailed(f"the server returned {len(rewards)} rewards for {n} completions")
+            return [finite_or_none(r) for r in rewards]
+        except (RequestFailed, KeyError, TypeError, ValueError) as e:
+            self.failures += 1
+            log.warning("reward server %s gave no rewards for %d completions (%s); they score None (%d failed "
+                        "batches so far)", self.url, n, e, self.failures)
+            return [None] * n
+
+
+# --------------------------------------------------------------------------------------------
+# Bounded JSON requests (this client, and clients of other JSON services: rewards/unified_reward.py)
+# --------------------------------------------------------------------------------------------
+
+
+class RequestFailed(RuntimeError):
+    """A request that still failed after its retries (the message says why)."""
+
+
+def finite_or_none(value: Any) -> float | None:
+    """A reward value as a float, or None when it is missing or not finite."""
+    return None if value is None or not math.isfinite(float(value)) else float(value)
+
+
+def post_json(url: str, payload: dict[str, Any], *, timeout: float, retries: int, backoff: float,
+              headers: dict[str, str] | None = None) -> Any:
+    """POST `payload` as JSON and return the decoded JSON answer; each try is bounded by `timeout` s,
+    a failed try (connection error, timeout, 5xx, an answer that is not JSON) is retried `retries` times
+    `backoff` s apart; a 4xx is not retried (the request itself is wrong). RequestFailed when every try failed."""
+    body = json.dumps(payload).encode()
+    error = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(backoff)
+        try:
+            post = urllib.request.Request(url, data=body, method="POST",
+                                          headers={"Content-Type": "application/json", **(headers or {})})
+            with urllib.request.urlopen(post, timeout=timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            error = f"HTTP {e.code}: {e.read()[:300].decode(errors='replace')}"
+            if e.code < 500:
+                break
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            error = str(e) or type(e).__name__
+    raise RequestFailed(error)
+
+
+def get_json(url: str, *, timeout: float, headers: dict[str, str] | None = None) -> Any:
+    """GET `url` once and decode its JSON answer (a health check: no retries); raises on any failure."""
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,7 +226,7 @@ class RewardServer(ThreadingHTTPServer):
             rewards = list(self.reward(completions, **kwargs))
         if len(rewards) != len(completions):
             raise RuntimeError(f"the reward returned {len(rewards)} values for {len(completions)} completions")
-        return [None if r is None or not math.isfinite(float(r)) else float(r) for r in rewards]
+        return [finite_or_none(r) for r in rewards]
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -17,7 +17,11 @@ with ddrl: test_path=ddrl:geneval/evaluation_metadata.jsonl (ddrl/tasks/data/gen
 Rewards (task.args.reward), each a plain function of (completions, images=..., **columns):
     pickscore            PickScore_v1 from a local directory: reward_args {model: DIR}
     clip_score           CLIP score, likewise
+    hpsv2                HPSv2 from a local checkpoint: reward_args {checkpoint: FILE}
+    hpsv3                HPSv3 / 5 (better served: ddrl serve-reward --reward hpsv3): {checkpoint: FILE}
+    unifiedreward        UnifiedReward's 1-5 score / 5 from a vLLM / sglang endpoint: {url: .../v1}
     server               a reward server (ddrl serve-reward, GenEval / OCR servers): reward_args {url: ...}
+(ddrl/rewards/catalog.py lists them.)
     [{name, weight, args}, ...]  their weighted sum, each part logged (reward/<name>)
     a function           reward(completions, images=..., **columns), from Python
 """
@@ -34,16 +38,13 @@ RewardFn = Callable[..., list[float | None]]
 
 
 def _build_reward(name: str, args: dict[str, Any]) -> RewardFn:
-    from ddrl.rewards.model_based import clip_score_reward, pickscore_reward
-    from ddrl.rewards.server import RewardServerClient
+    from ddrl.rewards.catalog import IMAGE_REWARDS, image_reward_factory
 
-    builders: dict[str, Callable[..., RewardFn]] = {"pickscore": pickscore_reward, "clip_score": clip_score_reward,
-                                                    "server": RewardServerClient}
-    if name not in builders:
-        raise ValueError(f"text_to_image reward {name!r} is not known; choose one of: {', '.join(builders)} "
+    if name not in IMAGE_REWARDS:
+        raise ValueError(f"text_to_image reward {name!r} is not known; choose one of: {', '.join(IMAGE_REWARDS)} "
                          f"(or a list of {{name, weight, args}} for a weighted sum)")
     try:
-        return builders[name](**args)
+        return image_reward_factory(name)(**args)
     except TypeError as e:
         raise ValueError(f"text_to_image reward {name!r}: bad reward_args {args}: {e}") from None
 
