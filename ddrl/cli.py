@@ -31,7 +31,8 @@ EPILOG = "Configs live in configs/ (pretrain/, rl/, paper/). Any config key can 
 def _sampler_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampler overrides (default: greedy, sized to the task)")
     g.add_argument("--sampler", dest="name",
-                   help="auto (the model's own; default) | masked | emerge | uniform | block | dream | diffusion_gemma")
+                   help="auto (the model's own; default) | masked | block | emerge | maskgit | uniform | dream | "
+                        "diffusion_gemma | llada2_edit | metric_path | drakes")
     g.add_argument("--steps", type=int, help="model calls in total")
     g.add_argument("--gen-length", dest="gen_length", type=int, help="completion tokens")
     g.add_argument("--block-length", dest="block_length", type=int, help="semi-autoregressive block length")
@@ -46,13 +47,35 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", dest="top_k", type=int, help="top-k filter (dream, sdar_dynamic)")
     g.add_argument("--batch-rows", dest="batch_rows", type=int,
                    help="rows per sampler call (default: all at once; 1 bounds the memory of image rollouts)")
+    g.add_argument("--rng", help="emerge's random-number layout: ddrl (default) | released (MaskGRPO's image "
+                                  "rollouts: a seed gives the authors' tokens)")
     g.add_argument("--max-prompt-length", dest="max_prompt_length", type=int,
                    help="keep the last N tokens of a longer prompt, as TRL and d1 do (default: a prompt "
                         "too long for the model is an error)")
 
 
 _SAMPLER_KEYS = ("name", "steps", "gen_length", "block_length", "temperature", "cfg_scale", "remasking",
-                 "threshold", "cache", "alg", "alg_temp", "top_p", "top_k", "max_prompt_length", "batch_rows")
+                 "threshold", "cache", "alg", "alg_temp", "top_p", "top_k", "max_prompt_length", "batch_rows", "rng")
+
+
+def _model_args(p: argparse.ArgumentParser, help: str) -> None:
+    """--model and how it loads (load_model's keywords), the same for eval and sample."""
+    p.add_argument("--model", required=True, help=help)
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run the modeling code a Hugging Face directory ships (never needed for LLaDA, MMaDA, "
+                        "Dream, SDAR/TraDo or DiffusionGemma)")
+    p.add_argument("--vq-path", dest="vq_path", default=None,
+                   help="image decoder directory: MMaDA's MAGVIT-v2 (the MMaDA then generates images), or an "
+                        "URSA pipeline's AutoencoderVQ other than its vae/")
+    p.add_argument("--t2i-attend-padding", dest="t2i_attend_padding", action="store_true", default=None,
+                   help="text-to-image MMaDA: attend the [iPAD] prompt padding, as MaskGRPO's released rows do")
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from ddrl.models import load_model
+
+    return load_model(args.model, trust_remote_code=args.trust_remote_code, vq_path=args.vq_path,
+                      t2i_attend_padding=args.t2i_attend_padding)
 
 
 def _command(sub: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
@@ -86,10 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "eval", help="evaluate a model on a task",
                        description="Accuracy (pass@1), pass@k and mean reward on a task's held-out split.")
-    p.add_argument("--model", required=True, help="model directory (built-in or Hugging Face)")
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="run the modeling code a Hugging Face directory ships (never needed for LLaDA, MMaDA, "
-                        "Dream, SDAR/TraDo or DiffusionGemma)")
+    _model_args(p, "model directory (built-in or Hugging Face)")
     p.add_argument("--task", required=True, help="task name (see ddrl.tasks) or module:factory")
     p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="task constructor argument")
     p.add_argument("--protocol", default=None,
@@ -108,9 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sampler_args(p)
 
     p = _command(sub, "sample", help="sample completions for a prompt")
-    p.add_argument("--model", required=True, help="model directory")
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="run the modeling code a Hugging Face directory ships (not needed for the native families)")
+    _model_args(p, "model directory")
     p.add_argument("--prompt", required=True, help="prompt text (in the model's format)")
     p.add_argument("--n", type=int, default=1, help="number of samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -227,14 +245,13 @@ def _task_kwargs(items: list[str]) -> dict[str, Any]:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from ddrl.eval import default_sampler, evaluate
-    from ddrl.models import load_model
     from ddrl.sampling.checks import FLAGS, check_sampler
     from ddrl.tasks import get_task
 
     task = get_task(args.task, **_task_kwargs(args.task_arg))  # fail fast on a bad task name
     if args.protocol is not None:
         return _eval_protocol(args, task)
-    model = load_model(args.model, trust_remote_code=args.trust_remote_code)
+    model = _load(args)
     sampler = default_sampler(model, task, key=FLAGS, **{k: getattr(args, k) for k in _SAMPLER_KEYS})
     check_sampler(sampler, FLAGS, block_size=getattr(model, "block_size", None) or None)  # named as flags
     result = evaluate(model, task, n=200 if args.n is None else args.n, sampler=sampler, seed=args.seed, k=args.k,
@@ -253,7 +270,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _eval_protocol(args: argparse.Namespace, task: Any) -> int:
     """`ddrl eval --protocol NAME`: every generation length of the paper's protocol, on its test set."""
     from ddrl.eval.protocols import evaluate_protocol, get_protocol
-    from ddrl.models import load_model
     from ddrl.sampling.checks import FLAGS
 
     protocol = get_protocol(args.protocol)  # an unknown name lists the registered ones, before loading
@@ -261,7 +277,7 @@ def _eval_protocol(args: argparse.Namespace, task: Any) -> int:
         raise ValueError(f"protocol {protocol.name!r} scores the paper's test set; drop --split {args.split}")
     overrides = {k: getattr(args, k) for k in _SAMPLER_KEYS if k != "gen_length"}
     lengths = None if args.gen_length is None else [args.gen_length]
-    model = load_model(args.model, trust_remote_code=args.trust_remote_code)
+    model = _load(args)
     result = evaluate_protocol(model, task, protocol, n=args.n, seed=args.seed, k=args.k, batch_size=args.batch_size,
                                lengths=lengths, overrides=overrides, output_jsonl=args.output, key=FLAGS)
     if args.json:
@@ -279,12 +295,11 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
     from ddrl.data import decode_completions, encode_prompts, model_stop_ids, prompt_budget
     from ddrl.eval.runner import default_sampler
-    from ddrl.models import load_model
     from ddrl.registry import SAMPLERS
     from ddrl.sampling.base import sample_in_chunks
     from ddrl.sampling.checks import FLAGS, check_sampler
 
-    model = load_model(args.model, trust_remote_code=args.trust_remote_code)
+    model = _load(args)
     model.eval()
 
     class _Len:  # default size without a task: 32 new tokens, or what the context leaves

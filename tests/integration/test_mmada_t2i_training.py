@@ -72,3 +72,33 @@ def test_two_step_unigrpo_text_to_image_on_mmada(tmp_path):
     before, after = load_file(str(mmada / "model.safetensors")), load_file(str(run / "checkpoint-2" / "model.safetensors"))
     assert before.keys() == after.keys()
     assert any(not torch.equal(before[k].float(), after[k].float()) for k in before), "no parameter moved"
+
+
+def test_ddrl_eval_json_on_a_text_to_image_mmada(tmp_path):
+    """`ddrl eval --vq-path` makes the MMaDA an image model from the command line, as load_model(vq_path=)
+    does: emerge with MaskGRPO's released draws (--rng) and rows (--t2i-attend-padding), a CLIP reward on
+    the decoded pixels, a JSON result with the sampler that ran, and the PNG grid beside the rows."""
+    import subprocess
+    import sys
+
+    mmada, magvit = write_tiny_mmada(tmp_path / "mmada"), write_magvit(tmp_path / "magvit")
+    clip = write_tiny_clip(tmp_path / "clip")
+    prompts = tmp_path / "test.txt"
+    prompts.write_text("a red cat\na blue dog\n")
+    command = [sys.executable, "-m", "ddrl", "eval", "--model", str(mmada), "--vq-path", str(magvit),
+               "--t2i-attend-padding", "--task", "text_to_image", "--task-arg", "image_grid=[2,2]",
+               "--task-arg", f"test_path={prompts}", "--task-arg", "reward=clip_score",
+               "--task-arg", f"reward_args={{model: {clip}}}", "--n", "2", "--sampler", "emerge", "--steps", "2",
+               "--temperature", "1", "--rng", "released", "--json", "--output", str(tmp_path / "rows.jsonl")]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["n"] == 2 and result["sampler"]["name"] == "emerge" and result["sampler"]["rng"] == "released"
+    assert math.isfinite(result["mean_reward"])
+    assert (tmp_path / "rows.png").is_file()
+    # without the decoder the same MMaDA completes text, and the released draws refuse it before any compute
+    proc = subprocess.run([c for c in command if c not in ("--vq-path", str(magvit), "--t2i-attend-padding")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode != 0 and "vq_path" in proc.stderr, proc.stderr[-2000:]
