@@ -7,8 +7,9 @@ jsonl, GenEval's metadata jsonl and the PickScore / OCR .txt prompt lists) and a
 tests/fixtures/{llada,dream,ursa}/model and tests/fixtures/llada2/model-2.0 (official layouts: hub folders, URSA's diffusers pipeline folder);
 MMaDA-8B-Base and its MAGVIT-v2 directory become the tiny official-layout pair of tests/unit/test_mmada_t2i.py.
 A data file shipped with ddrl (ddrl:geneval/...) is read as it is.
-A text-to-image recipe's reward becomes a tiny random CLIP directory (pickscore) or a reward server on
-loopback (server) serving a fixed function of the image.
+A text-to-image recipe's reward becomes a tiny random CLIP directory (pickscore), a reward server on
+loopback (server) serving a fixed function of the image, or an OpenAI-compatible judge on loopback
+(unifiedreward) that answers every image with one fixed score.
 
 Only the size of the run is shrunk (steps, prompts, group, lengths, LoRA rank, fp32 on CPU); the
 task, its arguments, the preset, the method, its objective/estimator arguments, LoRA target modules
@@ -23,7 +24,9 @@ import json
 import math
 import re
 import shutil
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -210,6 +213,34 @@ def brightness(completions, images=None, **columns):
     return images.mean(dim=(1, 2, 3)).tolist()
 
 
+def serve_judge() -> Any:
+    """An OpenAI-compatible chat endpoint on loopback that scores every image 3 of 5 (UnifiedReward's stand-in)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Judge(BaseHTTPRequestHandler):
+        def _send(self, payload: dict) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802  (the start-up check: GET /v1/models)
+            self._send({"object": "list", "data": [{"id": "UnifiedReward-7b-v1.5"}]})
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._send({"choices": [{"message": {"role": "assistant", "content": "Final Score: 3"}}]})
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 @pytest.fixture
 def image_reward(tmp_path):
     """Overrides that point a text-to-image recipe's reward at tiny components: pickscore -> a tiny random
@@ -227,6 +258,10 @@ def image_reward(tmp_path):
             assert args.get("url"), "reward_args.url names the server"
             servers.append(serve_reward(brightness, background=True))
             return [f"task.args.reward_args.url={servers[-1].url}"]
+        if reward == "unifiedreward":
+            assert str(args.get("url", "")).endswith("/v1"), "reward_args.url names the judge's endpoint"
+            servers.append(serve_judge())
+            return [f"task.args.reward_args.url=http://127.0.0.1:{servers[-1].server_address[1]}/v1"]
         raise AssertionError(f"no tiny stand-in for the text_to_image reward {reward!r}")
 
     yield overrides
