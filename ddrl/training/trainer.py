@@ -19,28 +19,28 @@ share seed k unless the method asks for fresh masks (StableDRL).
 
 Several processes: minibatch shares are cut from the step's global groups (a share's groups may sit
 on several ranks), so the optimizer steps do not depend on the number of processes. Every rank
-drops the groups it does not learn from (train.group_filter,
-train.skip_uninformative), then pads each optimizer step with zero-weight micro-batches to the
-largest count of any rank, so that all ranks run the same passes and collectives; the loss
-normalisers are the step's global counts, so the gradient is the 1-process one.
+drops the groups it does not learn from (train.group_filter, train.skip_uninformative), then pads
+each optimizer step with zero-weight micro-batches to the largest count of any rank, so that all
+ranks run the same passes and collectives; the loss normalisers are the step's global counts, so
+the gradient is the 1-process one. That plan is ddrl.training.update_plan's; the evaluations on
+eval.split and eval.report_split are ddrl.training.evaluation's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import torch
 from tqdm.auto import tqdm
 
-from ddrl.config import RLConfig, SamplerConfig, load_config, save_config, task_kwargs
+from ddrl.config import RLConfig, load_config, save_config, task_kwargs
 from ddrl.data import (completion_mask, is_stop, model_stop_ids, pad_prompts, prompt_budget, task_completions,
                        tokenize_prompts, truncate_prompts)
 from ddrl.models.moe_balance import RouterBalance
+from ddrl.objectives import AggregationCounts
 from ddrl.processes.draws import RowGenerators
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import sample_in_chunks
@@ -48,20 +48,16 @@ from ddrl.sampling.checks import check_sampler, resolve_sampler, speed_settings
 from ddrl.training import checkpoint as ckpt
 from ddrl.training.common import (Clock, build_optimizer, build_scheduler, check_writable, derive_seed,
                                   disable_dropout, make_generator, nanmean, pick_device)
-from ddrl.training.distributed import (DistInfo, ModelHandle, all_reduce_max, all_reduce_sum, check_whole_groups,
-                                       compute_context, copy_parameters, device_memory, gathered_parameters,
-                                       gradient_sync, init_distributed, reduce_mean_dict, reshard, resolve_strategy, shard_model,
-                                       wrap_model, zero_loss)
+from ddrl.training.distributed import (DistInfo, ModelHandle, check_whole_groups, compute_context, copy_parameters,
+                                       device_memory, gathered_parameters, gradient_sync, init_distributed,
+                                       reduce_mean_dict, reshard, resolve_strategy, shard_model, wrap_model, zero_loss)
+from ddrl.training.evaluation import TrainingEvaluation
 from ddrl.training.logging import MetricsLogger, plot_reward_curve
 from ddrl.training.memory import check_memory
 from ddrl.training.method import Method, build_method
 from ddrl.training.preemption import PreemptionGuard
+from ddrl.training.update_plan import UpdatePlanner, passes
 from ddrl.types import EstimatorOutput, RolloutBatch
-
-log = logging.getLogger(__name__)
-
-if TYPE_CHECKING:
-    from ddrl.objectives.aggregation import AggregationCounts
 
 
 class NonFiniteError(RuntimeError):
@@ -107,10 +103,8 @@ class Trainer:
         self.step = 0  # rollout steps done (train.steps counts these)
         self.optimizer_steps = 0  # optimizer updates done: each rollout step makes up to mu x minibatches
         self.bad_steps = 0
-        self.steps_without_update = 0  # rollout steps whose groups train.group_filter dropped, all of them
-        self.eval_history: list[dict[str, Any]] = []  # eval.split's scores, for choices
-        self.report: dict[str, dict[str, Any]] = {}  # eval.report_split's, before and after: for reporting
-        self.eval_split = self._resolve_eval_split()
+        self.planner = UpdatePlanner(t, self.method, self.dist, self.device)
+        self.evaluation = TrainingEvaluation(cfg, self.task, self.model, self.autocast, self.dist, self.run_dir)
         if cfg.resume:
             self._resume()
         self.logger = MetricsLogger(self.run_dir, tensorboard=t.tensorboard and self.dist.is_main, wandb=t.wandb,
@@ -127,6 +121,19 @@ class Trainer:
             print(f"rollout: {r.name} sampler, cache={r.cache}, threshold={r.threshold}, early_exit={r.early_exit} "
                   f"({'fast path: ' + ', '.join(fast) if fast else 'reference path'}; rollout.cache=none "
                   f"rollout.threshold=null rollout.factor=null is the reference)")
+
+    # The run's evaluations (ddrl.training.evaluation), read by the demo and `ddrl compare`.
+    @property
+    def eval_history(self) -> list[dict[str, Any]]:
+        return self.evaluation.history
+
+    @property
+    def report(self) -> dict[str, dict[str, Any]]:
+        return self.evaluation.report
+
+    @property
+    def eval_split(self) -> str:
+        return self.evaluation.split
 
     # ------------------------------------------------------------------ setup helpers
     def _resolve_sampler(self) -> None:
@@ -231,8 +238,7 @@ class Trainer:
         # The model before RL: its scores ride on the first logged row (every row is a training step).
         before: dict[str, Any] = {}
         if e.before and self.step == 0:
-            before = {f"eval_before/{k.split('/')[1]}": v for k, v in self._evaluate(0).items()}
-            before.update({f"report_before/{k.split('/')[1]}": v for k, v in self._report(0).items()})
+            before = self.evaluation.before_training()
         bar = tqdm(total=t.steps, initial=self.step, desc=f"{self.cfg.method.objective} on {self.task.name}",
                    disable=not (t.progress and self.dist.is_main), dynamic_ncols=True)
         with PreemptionGuard() as preemption:  # SIGTERM: finish the step, checkpoint, exit 0
@@ -245,14 +251,13 @@ class Trainer:
                 if logged:
                     metrics, before = {**metrics, **before}, {}
                 if e.every and self.step % e.every == 0 and self.step != t.steps:
-                    metrics.update(self._evaluate(self.step))
+                    metrics.update(self.evaluation.evaluate(self.step))
                 if self.step == t.steps:
-                    metrics.update(self._evaluate(self.step))
-                    metrics.update(self._report(self.step))
+                    metrics.update(self.evaluation.after_training(self.step))
                 row = self.logger.log(self.step, metrics) if logged else metrics
                 bar.update(1)
                 bar.set_postfix(reward=f"{row.get('reward/mean') or 0:.3f}", step_s=f"{row.get('time/step') or 0:.1f}",
-                                acc=self._last_accuracy())
+                                acc=self.evaluation.last_accuracy())
                 stop = preemption.requested(self.dist, self.device)  # every rank stops after the same step
                 if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps or stop:
                     self.save()
@@ -277,11 +282,11 @@ class Trainer:
             self.score(batch)
         with clock("advantage"):
             self.advantages(batch)
-        kept = self.filter_groups(batch)
-        plan = self.plan_update(batch, kept)
+        kept = self.planner.filter_groups(batch)
+        plan = self.planner.plan(batch, kept)
         stats: dict[str, Any] = {"update/skipped": 1.0}  # every group filtered out: nothing to learn from
         if plan is None:
-            self._report_no_update(step)
+            self.planner.report_no_update(step)
         else:
             old, ref = self.behaviour_passes(plan.micro, step, clock)
             with clock("update"):
@@ -382,12 +387,12 @@ class Trainer:
         ref = [[list(share) for share in row] for row in old]
         if self.method.needs_old:
             with clock("old"), self.autocast:
-                for k, m, j, mb in self._passes(micro):
+                for k, m, j, mb in passes(micro, K):
                     if self._old_pass_needed(k, m):
                         old[k][m][j] = self._estimate(self.policy, mb, step, k, "old").detach()
         if self.method.needs_ref:
             with clock("ref"), self.autocast, self.reference() as ref_model:
-                for k, m, j, mb in self._passes(micro):
+                for k, m, j, mb in passes(micro, K):
                     ref[k][m][j] = self._estimate(ref_model, mb, step, k, "ref").detach()
         return old, ref
 
@@ -404,99 +409,8 @@ class Trainer:
         mb.extras["inner_iteration"] = k  # the estimator may read which inner iteration it serves (MaskGRPO)
         return self.estimator(model, mb, self._seed(mb, step, k, role))
 
-    def plan_update(self, batch: RolloutBatch, kept: RolloutBatch) -> "UpdatePlan | None":
-        """The micro-batches of every optimizer step and their loss normalisers, or None when no rank
-        has a group to learn from.
-
-        A share's normalisers count the whole share (uninformative groups included) over all
-        processes. Every rank cuts its share of the step into micro-batches, then pads them with
-        zero-weight ones to the largest count of any rank (at least one, so a step whose gradient is
-        zero still steps the optimizer), so all ranks run the same backward passes and collectives."""
-        shares = self.minibatch_shares(kept)  # train.minibatches shares, some possibly empty
-        cut = [self.micro_batches(share) for share in shares]
-        local = [self._share_counts(share, len(pieces)) for share, pieces in zip(shares, cut)]
-        totals = all_reduce_sum(torch.stack(local), self.dist).tolist()  # [M, 6], one collective
-        informative = [self.informative_groups(share) for share in shares]
-        learn = [self.micro_batches(share) for share in informative]
-        widest = all_reduce_max(torch.tensor([len(pieces) for pieces in learn], device=self.device),
-                                self.dist).tolist()
-        from ddrl.objectives import AggregationCounts
-
-        micro, counts, rows = [], [], 0
-        for share, pieces, total, width in zip(informative, learn, totals, widest):
-            size, tokens, sequences, groups, n_micro, trace_rows = total
-            if size == 0:  # this share is empty on every rank
-                continue
-            rows += len(share)
-            micro.append(pieces + [self._padding(batch)] * (max(int(width), 1) - len(pieces)))
-            counts.append(AggregationCounts(tokens=tokens, sequences=sequences, world_size=self.dist.world_size,
-                                            groups=groups, micro_batches=n_micro,
-                                            rows=trace_rows if self.method.has_rows else None))
-        return UpdatePlan(micro, counts, rows) if micro else None
-
-    def _share_counts(self, share: RolloutBatch, n_micro: int) -> torch.Tensor:
-        """[6] float64: rows, valid tokens, valid sequences, groups, micro-batches and training rows
-        (TraceRL's trace states) of this rank's part of a share, to be summed over ranks."""
-        if len(share) == 0:
-            return torch.zeros(6, dtype=torch.float64, device=self.device)
-        from ddrl.objectives import AggregationCounts
-
-        c = AggregationCounts.from_batch(share, self.dist.world_size, micro_batches=n_micro)
-        rows = self.method.count_rows(share) if self.method.has_rows else 0.0
-        return torch.tensor([len(share), c.tokens, c.sequences, c.groups, c.micro_batches, rows],
-                            dtype=torch.float64, device=self.device)
-
-    def _padding(self, batch: RolloutBatch) -> RolloutBatch:
-        """A zero-weight micro-batch: the rank's first micro-batch of the whole rollout, its rewards
-        made valid so that it has rows to compute (TraceRL's state rows need them). Its loss is 0 x
-        its log-probs: zero gradients, the same collectives as a real micro-batch."""
-        full = batch.index(torch.arange(len(batch), device=batch.rewards.device))
-        full.rewards = torch.zeros_like(full.rewards)
-        full.advantages = torch.zeros_like(full.advantages)
-        mb = self.micro_batches(full)[0]
-        mb.extras["padding"] = True
-        return mb
-
-    def _report_no_update(self, step: int) -> None:
-        """One line per step that learns nothing because train.group_filter dropped every group, on
-        every rank's data (plan_update is None only then), with how often it happened so far."""
-        self.steps_without_update += 1
-        if self.dist.is_main:
-            lo, hi = self.cfg.train.group_filter
-            log.warning("step %d made no update: train.group_filter=[%g, %g] dropped every group (each group's "
-                        "mean reward is outside the band, e.g. all completions right or all wrong); %d step(s) of "
-                        "this run so far made no update. Widen train.group_filter, raise train.group_size, or "
-                        "unset it", step, lo, hi, self.steps_without_update)
-
-    def filter_groups(self, batch: RolloutBatch) -> RolloutBatch:
-        """The groups train.group_filter keeps: mean valid reward within [lo, hi] (all when unset).
-        A group left out is not trained on and not counted, as in dLLM-RL's data filter; each rank
-        drops its own (plan_update pads the ranks left with fewer micro-batches)."""
-        from ddrl.objectives.advantages import groups_in_band
-
-        bounds = self.cfg.train.group_filter
-        if bounds is None:
-            return batch
-        keep = groups_in_band(batch.rewards, batch.group_ids, bounds[0], bounds[1])
-        return batch.index(keep.nonzero().squeeze(1))
-
-    def informative_groups(self, batch: RolloutBatch) -> RolloutBatch:
-        """The groups that carry a gradient: those with a non-zero advantage, when every loss term of
-        the method is multiplied by A (no KL, no regulariser). With binary rewards most groups are
-        all-right or all-wrong, so this removes most of the old/ref/update compute. The losses are
-        still divided by the whole step's counts, so the gradient is the one the full batch gives
-        (exactly, for estimators without random masks; in distribution otherwise, since a row's
-        masks depend on its place in the batch)."""
-        if not self.cfg.train.skip_uninformative or not self.method.skip_safe or len(batch) == 0:
-            return batch
-        groups = batch.group_ids
-        n_groups = self.cfg.train.prompts_per_step // self.dist.world_size  # a rank's group ids: 0 .. n - 1
-        signal = torch.zeros(n_groups, device=groups.device).index_add(0, groups, (batch.advantages != 0).float())
-        keep = signal[groups] > 0  # [B]
-        return batch.index(keep.nonzero().squeeze(1))
-
     def update(self, micro: list[list[RolloutBatch]], old: list, ref: list, step: int,
-               counts: list["AggregationCounts"]) -> dict[str, Any]:
+               counts: list[AggregationCounts]) -> dict[str, Any]:
         """mu inner iterations; in each, one optimizer step per minibatch share, its loss normalised
         by that share's global counts (a share is the whole step when train.minibatches = 1). Stats
         stay tensors on the device; the one host sync of an optimizer step is the finite check."""
@@ -589,50 +503,6 @@ class Trainer:
             return derive_seed(self.cfg.seed, "fresh", step, k, role, self.dist.rank) % 2**62
         return int(batch.mask_seeds[self.method.mask_seed_iteration(k)])
 
-    def minibatch_shares(self, batch: RolloutBatch) -> list[RolloutBatch]:
-        """train.minibatches shares of the step's GLOBAL groups, one optimizer step each: the groups
-        kept on all ranks, in data order, cut into consecutive shares, and this rank's part of share m
-        is its own groups among them (often none: plan_update pads it, and drops a share empty on
-        every rank). So 1 process and N processes make the same optimizer steps on the same groups;
-        cutting each rank's groups instead left most shares empty (4 groups per rank, 32 shares)."""
-        t = self.cfg.train
-        if t.minibatches == 1:
-            return [batch]
-        offset = self.dist.rank * (t.prompts_per_step // self.dist.world_size)  # a rank's first global group
-        kept = torch.zeros(t.prompts_per_step, device=self.device)  # [N] global groups
-        kept[batch.group_ids + offset] = 1.0
-        kept_ids = all_reduce_sum(kept, self.dist).nonzero().squeeze(1).tolist()  # kept on any rank, in order
-        bounds = [round(i * len(kept_ids) / t.minibatches) for i in range(t.minibatches + 1)]
-        share_of = torch.full((t.prompts_per_step,), -1, device=self.device)  # [N] each global group's share
-        for m, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-            share_of[kept_ids[lo:hi]] = m
-        row_share = share_of[batch.group_ids + offset]  # [B]
-        return [batch.index((row_share == m).nonzero().squeeze(1)) for m in range(t.minibatches)]
-
-    def _passes(self, micro: list[list[RolloutBatch]]) -> Iterator[tuple[int, int, int, RolloutBatch]]:
-        """(k, m, j, micro-batch) of every inner iteration k, share m and micro-batch j."""
-        for k in range(self.cfg.train.num_iterations):
-            for m, share in enumerate(micro):
-                for j, mb in enumerate(share):
-                    yield k, m, j, mb
-
-    def micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
-        """Slices of whole groups (group-level normalisations need the full group); with
-        train.micro_batch_rows, each slice cut again into the estimator's own row chunks: TraceRL's
-        (sample, state) rows or UniGRPO's (sample, copy) rows, sample-major, every N rows as dLLM-RL
-        does, each micro-batch with extras[estimator.row_selection] naming the rows to compute (a
-        sample may span two micro-batches; its loss is per row, so nothing needs the whole group).
-        A copy chunk holds its whole slice, so its masks are the uncut slice's (RandomRatio)."""
-        t = self.cfg.train
-        if len(batch) == 0:
-            return []
-        size = t.micro_batch_size or len(batch)
-        rows = max(1, size // t.group_size) * t.group_size
-        pieces = [batch.index(slice(lo, lo + rows)) for lo in range(0, len(batch), rows)]
-        if t.micro_batch_rows:
-            return [chunk for piece in pieces for chunk in self.method.row_chunks(piece, t.micro_batch_rows)]
-        return pieces
-
     def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, Any]:
         """Device tensors (and floats): reduce_mean_dict copies them to the host once per step."""
         r = batch.rewards
@@ -654,78 +524,12 @@ class Trainer:
             m[f"reward/{name}"] = v
         return m
 
-    def _resolve_eval_split(self) -> str:
-        """eval.split, or test with a notice when the task has no dev split (a user's task given only
-        train and test lists): its periodic scores then come from the split it reports."""
-        from ddrl.tasks.base import split_examples
-
-        split = self.cfg.eval.split
-        if split != "dev" or self.cfg.eval.n <= 0:
-            return split
-        try:
-            split_examples(self.task, "dev", 1, self.cfg.seed)
-        except (ValueError, NotImplementedError) as why:
-            if self.dist.is_main:
-                print(f"eval: {why}; evaluating on test instead (eval.split=test silences this)")
-            return "test"
-        return split
-
-    def _report(self, step: int) -> dict[str, Any]:
-        """The sealed split (eval.report_split), scored before and after training only: report/* and
-        the dict self.report["before" | "after"] (n, accuracy, its 95% interval). Never used for a choice."""
-        split = self.cfg.eval.report_split
-        if split is None or self.cfg.eval.n <= 0:
-            return {}
-        metrics = self._evaluate(step, split=split, tag="report", n=self.cfg.eval.report_n)
-        self.report["before" if step == 0 else "after"] = self._last_result
-        return metrics
-
-    def _evaluate(self, step: int, split: str | None = None, tag: str = "eval",
-                  n: int | None = None) -> dict[str, Any]:
-        from ddrl.eval import evaluate
-
-        e = self.cfg.eval
-        if e.n <= 0:
-            return {}
-        n = n or e.n
-        split = split or self.eval_split
-        sampler = SamplerConfig(**{**vars(self.cfg.rollout), "temperature": e.temperature,
-                                   "steps": e.steps or self.cfg.rollout.steps})
-        name = f"step-{step}.jsonl" if tag == "eval" else f"{tag}-step-{step}.jsonl"
-        samples_path = self.run_dir / "eval" / name if self.dist.is_main else None
-        with self.autocast, gathered_parameters(self.model):  # FSDP2: ranks make different numbers of calls
-            # each rank evaluates its share of the examples; the results are gathered on every rank
-            result = evaluate(self.model, self.task, n=n, sampler=sampler,
-                              seed=self.cfg.seed if e.seed is None else e.seed,
-                              output_jsonl=samples_path, split=split, shard=self.dist.enabled)
-        self._last_result = {"step": step, "split": split,
-                             **{k: result[k] for k in ("n", "accuracy", "accuracy_interval", "mean_reward")}}
-        lo, hi = result["accuracy_interval"]  # 95% (ddrl.eval.stats.score_estimate)
-        metrics = {f"{tag}/accuracy": result["accuracy"], f"{tag}/accuracy_lo": lo, f"{tag}/accuracy_hi": hi,
-                   f"{tag}/mean_reward": result["mean_reward"]}
-        if "breakdown" in result:  # a task's eval_breakdown (digits: per-class rate, diversity)
-            self._last_result["breakdown"] = result["breakdown"]
-            metrics.update({f"{tag}/{k}": v for k, v in result["breakdown"].items()
-                            if isinstance(v, (int, float)) and not isinstance(v, bool)})
-        if tag != "eval":
-            return metrics
-        self.eval_history.append(self._last_result)
-        if self.dist.is_main and samples_path is not None and e.samples_to_log:
-            lines = samples_path.read_text().splitlines()[: e.samples_to_log]
-            with (self.run_dir / "samples.jsonl").open("a") as f:
-                for line in lines:
-                    f.write(f'{{"step": {step}, "sample": {line}}}\n')
-        return metrics
-
-    def _last_accuracy(self) -> str:
-        return f"{self.eval_history[-1]['accuracy']:.2f}" if self.eval_history else "-"
-
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> None:
         """A checkpoint of the step (collective: every rank calls it). Sharded under FSDP by default
         (train.sharded_checkpoints): each rank writes its own shard, nothing is gathered."""
         state = {"step": self.step, "optimizer_steps": self.optimizer_steps, "scheduler": self.sched.state_dict(),
-                 "bad_steps": self.bad_steps, "eval_history": self.eval_history, "data_position": self.step}
+                 "bad_steps": self.bad_steps, "eval_history": self.evaluation.history, "data_position": self.step}
         ckpt.save_training_checkpoint(self.run_dir, self.step, self.model, self.opt, state, dist=self.dist,
                                       sharded=self.sharded_checkpoints, keep=self.cfg.train.keep_checkpoints)
 
@@ -739,16 +543,7 @@ class Trainer:
         self.step = int(state["step"])
         self.bad_steps = int(state.get("bad_steps", 0))
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
-        self.eval_history = list(state.get("eval_history", []))
-
-
-@dataclass
-class UpdatePlan:
-    """The update of one RL step, the same shape on every rank."""
-
-    micro: list[list[RolloutBatch]]  # micro-batches of each optimizer-step share, padded to equal counts
-    counts: list["AggregationCounts"]  # each share's loss normalisers, summed over ranks
-    rows: int  # rows of this rank's real (not padding) micro-batches, for update/rows_frac
+        self.evaluation.history = list(state.get("eval_history", []))
 
 
 def train(config: str | Path | dict | RLConfig, overrides: list[str] | None = None) -> Path:

@@ -129,7 +129,7 @@ def test_group_filter_and_truncated_reward(tiny_sudoku_model, tmp_path):
     trainer.score(batch)
     assert batch.rewards[0].item() == 0.0 and (batch.rewards[1:] == 1.0).all()  # the cut-off answer is wrong
     trainer.advantages(batch)
-    kept = trainer.filter_groups(batch)
+    kept = trainer.planner.filter_groups(batch)
     # group 0: 3/4 right (kept, within [0.2, 0.8]); group 1: 4/4 right (left out)
     assert kept.group_ids.tolist() == [0, 0, 0, 0]
 
@@ -154,7 +154,7 @@ def test_a_step_whose_groups_are_all_filtered_skips_the_update(tiny_sudoku_model
     trainer = _trainer(tiny_sudoku_model, tmp_path, "grpo", "train.group_filter=[0.2,0.8]", "train.minibatches=2")
     trainer.task.reward = lambda completions, **_: [1.0] * len(completions)  # every group all right: filtered
     steps, _ = _spy_steps_and_counts(trainer)
-    lines = _log_lines("ddrl.training.trainer")
+    lines = _log_lines("ddrl.training.update_plan")
     metrics = trainer.train_step(1)
     assert steps == [] and metrics["update/skipped"] == 1.0 and metrics["update/groups_kept_frac"] == 0.0
     trainer.train_step(2)
@@ -184,8 +184,8 @@ def test_minibatch_shares_after_a_filter_hold_whole_groups(tiny_sudoku_model, tm
     trainer.task.reward = lambda completions, **_: ([1.0] * 4 + [0.0, 1.0, 0.0, 1.0]) * 2  # groups 0, 2 uniform
     trainer.score(batch)
     trainer.cfg.train.group_filter = [0.2, 0.8]
-    kept = trainer.filter_groups(batch)
-    shares = trainer.minibatch_shares(kept)
+    kept = trainer.planner.filter_groups(batch)
+    shares = trainer.planner.minibatch_shares(kept)
     assert [s.group_ids.tolist() for s in shares] == [[1] * 4, [3] * 4]
 
 

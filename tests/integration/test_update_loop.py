@@ -100,7 +100,7 @@ def test_the_update_reads_one_value_per_optimizer_step(tiny_sudoku_model, tmp_pa
     batch = trainer.rollout(1)
     trainer.score(batch)
     trainer.advantages(batch)
-    plan = trainer.plan_update(batch, trainer.filter_groups(batch))
+    plan = trainer.planner.plan(batch, trainer.planner.filter_groups(batch))
     old, ref = trainer.behaviour_passes(plan.micro, 1, trainer_mod.Clock({}))
     syncs = _HostSyncs()
 
