@@ -40,7 +40,7 @@ from ddrl.config import RLConfig, load_config, save_config, task_kwargs
 from ddrl.data import (completion_mask, is_stop, model_stop_ids, pad_prompts, prompt_budget, task_completions,
                        tokenize_prompts, truncate_prompts)
 from ddrl.models.moe_balance import RouterBalance
-from ddrl.objectives import AggregationCounts
+from ddrl.objectives import AggregationCounts, compute_advantages
 from ddrl.processes.draws import RowGenerators
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import sample_in_chunks
@@ -66,7 +66,6 @@ class NonFiniteError(RuntimeError):
 
 class Trainer:
     def __init__(self, cfg: RLConfig):
-        from ddrl.objectives import compute_advantages  # noqa: F401  (fail early if missing)
         from ddrl.tasks import get_task
 
         self.cfg = cfg
@@ -368,7 +367,6 @@ class Trainer:
             batch.extras["reward_parts"] = {k: nanmean(v) for k, v in parts.items()}
 
     def advantages(self, batch: RolloutBatch) -> None:
-        from ddrl.objectives import compute_advantages
 
         a = self.method.advantage
         batch.advantages = compute_advantages(batch.rewards, batch.group_ids, a.kind, std=a.std, eps=a.eps,
