@@ -24,9 +24,16 @@ under model.mixed_precision=bf16, else b)):
                    R W V 4c (both passes' logits, 2R rows, and two temporaries of guided_logits). The
                    samplers draw over the whole vocabulary V, image models too (their logits_range only
                    suppresses the ids outside the codebook); MMaDA's maskgit sampler slices the guided
-                   logits to the codebook first, so its fp32 temporaries are R W N 12 (N codes)
+                   logits to the codebook first, so its fp32 temporaries are R W N 12 (N codes).
+                   URSA's metric_path sampler (cfg_scale 0): the head's full-vocabulary logits and
+                   their suppressed copy (DiffusionLM.suppress_logits), 2 R W V c, next to the previous
+                   step's fp32 codebook logits z (R W N 4; R W V 4 when c = 4: the slice's .float() is
+                   then a view of the whole tensor); then the CTMC step holds z and six fp32 [R, W, N]
+                   tensors (x1 probabilities, distances, path probabilities, gain, two products):
+                   R W max(2 V c + z, z + 24 N); under guidance 2R rows give 4 V c
                    + the trajectory recorder, R W S_b V 4: fp32 probabilities of every step of a block
-                     (methods that read token probabilities: DPS; TraceRL records commit order only)
+                     (methods that read token probabilities: DPS; TraceRL records commit order only;
+                     metric_path records over the N codes, R W S N 4)
     update         compute weights: FSDP holds ~2 gathered blocks (current + prefetch) and the root
                    (embeddings, head) in c, and one block's unsharded fp32 gradient before its
                    reduce-scatter; DDP / one process: the autocast cache P_t 2
@@ -43,11 +50,14 @@ R = rows per sampler call: a rank's rollout rows (prompts_per_step / ranks x gro
 rollout.batch_rows when that is fewer (the rollout in calls of that many rows); F = R, 2R under guidance
 (rollout.cfg_scale > 0: conditional and unconditional rows in one forward); T = prompt + completion
 tokens (the prompt: rollout.max_prompt_length, else 256), W = rollout.block_length, S_b = sampler
-steps per block, N = an image model's codebook (config.json codebook_size), m = rows per micro-batch
-(train.micro_batch_size, else all of a rank's rows), k = the estimator's masked copies per row (num_mc,
-copies, num_t; a coupled pair counts 2), taken as batched in one forward (an upper bound where an
-estimator loops); with train.micro_batch_rows (an estimator's own training rows: TraceRL's trace
-states, UniGRPO's (sample, copy) rows) m x k is micro_batch_rows.
+steps per block, N = an image model's codebook (config.json codebook_size; URSA's lm_head_size), m =
+rows per micro-batch (train.micro_batch_size rounded down to whole groups, at least one group: the
+trainer's micro-batches are whole groups; else all of a rank's rows), k = the estimator's masked
+copies per row (copies, num_t, num_mc, num_samples, num_strata, num_timesteps or len(t_values): what
+its `passes` names; a coupled pair counts 2, coupled_three_pass 3, a staircase row of twice the
+length 2), batched in one forward and one backward graph (rows_per_call splits the forward only);
+with train.micro_batch_rows (an estimator's own training rows: TraceRL's trace states, UniGRPO's
+(sample, copy) rows) m x k is micro_batch_rows.
 
 Mixtures of experts (LLaDA2.0/2.1-mini: 16.3B parameters, 1.43B active). Weights, gradients, AdamW
 state, the reference copy and FSDP's gathered units count every parameter (P: all experts; an FSDP unit
@@ -76,6 +86,7 @@ GB = 1e9
 DEFAULT_PROMPT_TOKENS = 256  # a chat-formatted math/code prompt, when rollout.max_prompt_length is unset
 LOGPROB_CHUNK_ELEMENTS = 2**24  # ddrl.ops.logprobs.CHUNK_ELEMENTS: logits alive at once when scoring
 RECORDER_BYTES = 4  # a full trajectory record keeps float32 [B, W, V] per step of a block (DPS)
+METRIC_PATH_FP32_TEMPORARIES = 6  # fp32 [R, W, N] tensors a metric_path CTMC step holds next to z (module doc)
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,7 @@ class ModelShape:
     shared_experts: int = 0  # always-on experts, one SwiGLU of width shared_experts x expert_ffn
     expert_ffn: int = 0  # an expert's SwiGLU hidden width (moe_intermediate_size)
     dense_layers: int = 0  # leading dense blocks of an MoE model (first_k_dense_replace)
-    codebook: int = 0  # image codes in the vocabulary (MMaDA's codebook_size); 0 = none
+    codebook: int = 0  # image codes in the vocabulary (MMaDA's codebook_size, URSA's lm_head_size); 0 = none
 
     @property
     def kv_dim(self) -> int:
@@ -193,7 +204,8 @@ LLADA_8B = ModelShape(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn=
 # Dream-v0-7B and DiffuCoder-7B: Qwen2.5-7B's shape
 QWEN25_7B = ModelShape(d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, ffn=18944, vocab=152064)
 # URSA-1.7B: Qwen3-1.7B's blocks; its vocabulary adds the IBQ image codes (approximate: 2**17 codes)
-URSA_1_7B = ModelShape(d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8, ffn=6144, vocab=151936 + 131072)
+URSA_1_7B = ModelShape(d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8, ffn=6144, vocab=151936 + 131072,
+                       codebook=131072)
 # SEPO's DRAKES MDLM DNA CNN (ddrl.models.native.mdlm_dna): 20 dilated convolutions of kernel 9 over 128
 # channels plus a time Dense each (~10 d^2 parameters), counted as blocks of that size (ffn 2d)
 MDLM_DNA = ModelShape(d_model=128, n_layers=20, n_heads=1, n_kv_heads=1, ffn=256, vocab=5)
@@ -234,7 +246,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
                dense_layers=int(pick("first_k_dense_replace", default=0) or 0)) if experts else {}
     return ModelShape(d_model=d, n_layers=layers, n_heads=heads, n_kv_heads=pick("n_kv_heads", "num_key_value_heads",
                       default=heads), ffn=ffn, vocab=pick("embedding_size", "vocab_size"), tied=tied,
-                      head_dim=pick("head_dim"), codebook=int(pick("codebook_size", default=0) or 0), **moe)
+                      head_dim=pick("head_dim"), codebook=int(pick("codebook_size", "lm_head_size", default=0) or 0), **moe)
 
 
 def model_shape(path: str) -> ModelShape:
@@ -312,12 +324,19 @@ class Counts:
 
 
 def estimator_copies(method: Any) -> int:
-    """Masked copies of a row one estimator forward computes (module doc: k)."""
+    """Masked copies of a row one estimator forward computes (module doc: k): the count its `passes`
+    names (copies, num_t, num_mc, num_samples, num_strata, num_timesteps or len(t_values)); a coupled
+    pair counts 2, coupled_three_pass 3, a staircase row (twice the length) 2."""
     est = method.estimator
-    for name in ("copies", "num_t", "num_mc"):
+    kind = type(est).__name__.lower()
+    if "threepass" in kind:
+        return 3
+    if getattr(est, "t_values", None):
+        return len(est.t_values)
+    for name in ("copies", "num_t", "num_mc", "num_samples", "num_strata", "num_timesteps"):
         n = getattr(est, name, None)
         if isinstance(n, int) and n > 0:
-            return n * (2 if "coupled" in type(est).__name__.lower() and name == "num_mc" else 1)
+            return n * (2 if ("coupled" in kind and name == "num_mc") or "staircase" in kind else 1)
     return 1
 
 
@@ -384,12 +403,19 @@ def _rollout_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strateg
     W, d, V = min(r.block_length or r.gen_length, r.gen_length), shape.d_model, shape.vocab
     terms = _compute_weights(strategy, shape, counts, c, bf16, whole=True)
     terms["no-grad forward (one layer)"] = F * T * (4 * d + 3 * shape.active_ffn + shape.dispatch_width) * c
-    sliced = r.name == "maskgit" and shape.codebook > 0  # draws over the codebook only (module doc)
-    after = R * W * (V * c + (shape.codebook if sliced else V) * 12)  # guided logits + fp32 temporaries
-    terms["block logits + fp32 temporaries"] = max(after, R * W * V * 4 * c) if r.cfg_scale > 0 else after
+    N = shape.codebook
+    if r.name == "metric_path" and N > 0:  # CTMC step over the codebook, after full-vocabulary logits (module doc)
+        z = N * 4 if c != 4 or r.cfg_scale > 0 else V * 4  # the previous step's fp32 codebook logits
+        terms["block logits + fp32 temporaries"] = R * W * max((4 if r.cfg_scale > 0 else 2) * V * c + z,
+                                                               z + METRIC_PATH_FP32_TEMPORARIES * N * 4)
+    else:
+        sliced = r.name == "maskgit" and N > 0  # draws over the codebook only (module doc)
+        after = R * W * (V * c + (N if sliced else V) * 12)  # guided logits + fp32 temporaries
+        terms["block logits + fp32 temporaries"] = max(after, R * W * V * 4 * c) if r.cfg_scale > 0 else after
     if method.needs_trajectory is True:  # COMMIT_ORDER (TraceRL) keeps [B, W] ints, no vocabulary dimension
         steps_per_block = max(1, r.steps // max(1, math.ceil(r.gen_length / W)))
-        terms["trajectory recorder"] = R * W * steps_per_block * shape.vocab * RECORDER_BYTES
+        width = N if r.name == "metric_path" and N > 0 else shape.vocab  # metric_path keeps softmax(z) per step
+        terms["trajectory recorder"] = R * W * steps_per_block * width * RECORDER_BYTES
     return terms
 
 
@@ -399,8 +425,9 @@ def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy
     per_rank = t.prompts_per_step // world * t.group_size
     if t.micro_batch_rows and method.has_rows:  # the estimator's own rows (trace states, masked copies) per call
         rows = t.micro_batch_rows
-    else:  # samples x the copies one estimator call batches
-        rows = min(t.micro_batch_size or per_rank, per_rank) * estimator_copies(method)
+    else:  # samples x the copies one estimator call batches; micro-batches are whole groups (Trainer.micro_batches)
+        size = t.micro_batch_size or per_rank
+        rows = min(max(1, size // t.group_size) * t.group_size, per_rank) * estimator_copies(method)
     tokens = rows * T
     d, kv, f, L = shape.d_model, shape.kv_dim, shape.active_ffn, shape.n_layers
     block = tokens * (6 * d + 2 * kv + 4 * f + shape.dispatch_width) * c

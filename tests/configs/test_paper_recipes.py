@@ -169,7 +169,8 @@ def _shrink(cfg: RLConfig, family: str, tmp_path: Path) -> list[str]:
            "train.steps=1", "train.prompts_per_step=2", "train.group_size=2", "train.micro_batch_size=null",
            f"train.minibatches={min(t.minibatches, 2)}", f"train.num_iterations={min(t.num_iterations, 2)}",
            "train.tensorboard=false", "train.progress=false", "train.save_every=0",
-           "eval.n=0", "eval.before=false", "eval.every=0", "dist.strategy=none", f"output_dir={tmp_path / 'run'}"]
+           "eval.n=0", "eval.before=false", "eval.every=0", "dist.strategy=none", "dist.cpu_offload=false",
+           f"output_dir={tmp_path / 'run'}"]  # one CPU process (dist.cpu_offload is FSDP2's: ESPO-LLaDA2)
     if cfg.model.lora.rank > 0:
         out += ["model.lora.rank=4", "model.lora.alpha=8"]
     if family == "ursa":  # the tiny pipeline's 4 x 4 latent grid (8 x 8 pixels); 2 of the recipe's 10 steps

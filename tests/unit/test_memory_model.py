@@ -137,7 +137,8 @@ def test_llada2_mini_counts_every_expert_in_the_state_and_the_active_ones_in_act
     from ddrl.training.method import build_method
 
     full = load_config(ROOT / "configs/paper/stable_drl_llada8b.yaml", [
-        "model.path=/path/to/LLaDA2.0-mini", "train.micro_batch_size=2", "model.gradient_checkpointing=false",
+        "model.path=/path/to/LLaDA2.0-mini", "train.micro_batch_size=2", "train.group_size=2",
+        "model.gradient_checkpointing=false",
         "rollout.max_prompt_length=256"],
         RLConfig)
     est = estimate_memory(full, model_shape(full.model.path), 8)
@@ -203,3 +204,119 @@ def test_codebook_size_is_read_from_config_json():
              "vocab_size": 192, "codebook_size": 64}
     assert shape_from_config(mmada).codebook == 64
     assert shape_from_config({**mmada, "codebook_size": None}).codebook == 0
+
+
+def test_metric_path_rollout_holds_full_vocabulary_logits_then_codebook_temporaries():
+    """URSA's sampler (UDM-GRPO PickScore, 8 rows a call on 8 GPUs, bf16): the head returns the whole
+    vocabulary (the codes' logits padded with the suppressed value) and DiffusionLM.suppress_logits
+    copies it, next to the previous step's fp32 codebook logits z; the CTMC step then holds z and six
+    fp32 [R, W, N] tensors. Hand-computed: R W max(2 V c + 4 N, 4 N + 24 N)."""
+    from ddrl.training.memory import URSA_1_7B
+
+    recipe = ROOT / "configs/paper/udm_grpo/pickscore.yaml"
+    assert model_shape("/path/to/URSA-1.7B-IBQ512") is URSA_1_7B
+    R, W, V, N, c = 8, 1024, 151936 + 131072, 131072, 2
+    rollout = estimate_memory(load_config(recipe, [], RLConfig), URSA_1_7B, 8).phases["rollout"]
+    assert rollout["block logits + fp32 temporaries"] == R * W * max(2 * V * c + 4 * N, 28 * N) == R * W * 28 * N
+    # a 16x smaller vocabulary with the same codebook: the full-vocabulary logits are the peak
+    wide = URSA_1_7B.__class__(**{**URSA_1_7B.__dict__, "vocab": 4 * V})
+    assert estimate_memory(load_config(recipe, [], RLConfig), wide, 8).phases["rollout"][
+        "block logits + fp32 temporaries"] == R * W * (2 * 4 * V * c + 4 * N)
+    # the naive ablation records softmax(z) of every step over the codes: R W S N 4
+    naive = estimate_memory(load_config(recipe, ["method.estimator_args.forward_process=false"], RLConfig),
+                            URSA_1_7B, 8).phases["rollout"]
+    assert naive["trajectory recorder"] == R * W * 10 * N * 4
+
+
+class _LiveBytes:
+    """Peak bytes of the tensors allocated inside the block and alive at once (a dispatch mode that
+    follows every new storage until it is freed): a CPU stand-in for torch.cuda.max_memory_allocated."""
+
+    def __enter__(self):
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        live, state = {}, {"now": 0, "peak": 0}
+        self.state = state
+
+        def free(key):
+            state["now"] -= live.pop(key)
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in tree_flatten(out)[0]:
+                    storage = t.untyped_storage() if hasattr(t, "untyped_storage") else None
+                    if storage is None or id(storage) in live or storage.nbytes() == 0:
+                        continue
+                    live[id(storage)] = storage.nbytes()
+                    state["now"] += storage.nbytes()
+                    state["peak"] = max(state["peak"], state["now"])
+                    weakref.finalize(storage, free, id(storage))
+                return out
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+    @property
+    def peak(self) -> int:
+        return self.state["peak"]
+
+
+@pytest.mark.parametrize("words,codes", [(3000, 256), (40, 1024)], ids=["vocabulary-bound", "codebook-bound"])
+def test_metric_path_estimate_matches_what_the_sampler_allocates(tmp_path, words, codes):
+    """The estimate's rollout terms for a tiny bf16 URSA pipeline against the bytes the metric_path
+    sampler really keeps alive at its peak (4 rows of an 8x8 image, 3 steps): the logits term, plus at
+    most the forward's one-layer transient, whether the full-vocabulary logits (3,000 text ids, 256
+    codes) or the codebook temporaries (40 text ids, 1,024 codes) are the larger."""
+    import torch
+
+    from ddrl.models.ursa import load_ursa
+    from ddrl.models.ursa_init import write_gray_level_pipeline
+    from ddrl.sampling.metric_path import sample_metric_path
+
+    write_gray_level_pipeline(tmp_path, words=[f"w{i}" for i in range(words)], levels=codes, hidden_size=32,
+                              num_layers=1, num_heads=2, ffn_mult=2, max_prompt_length=4, seed=0)
+    model = load_ursa(tmp_path, dtype=torch.bfloat16)
+    model.image_shape = (8, 8)
+    cfg = load_config(ROOT / "configs/paper/udm_grpo_ursa.yaml", [
+        f"model.path={tmp_path}", "rollout.gen_length=64", "rollout.steps=3", "rollout.batch_rows=null",
+        "train.prompts_per_step=1", "train.group_size=4"], RLConfig)
+    shape = model_shape(str(tmp_path))
+    assert (shape.vocab, shape.codebook) == (model.vocab_size, codes)
+    prompt = torch.full((4, 5), 2, dtype=torch.long)
+    prompt[:, -1] = model.bov_token_id
+    rollout = estimate_memory(cfg, shape, 1, prompt_tokens=5).phases["rollout"]
+    logits, layer = rollout["block logits + fp32 temporaries"], rollout["no-grad forward (one layer)"]
+    with torch.no_grad(), _LiveBytes() as live:
+        sample_metric_path(model, prompt, None, cfg.rollout, generator=torch.Generator().manual_seed(0))
+    assert logits <= live.peak <= logits + layer, (live.peak, logits, layer)  # the layer's transient: at most its term
+
+
+def test_update_counts_every_copy_an_estimator_batches_and_whole_group_micro_batches():
+    """Copies in one forward and backward: udm's 3 grid states, fpo_elbo's 4 samples, stratified's 4
+    strata, coupled_three_pass's 3 passes, a coupled pair per MC draw; and a micro-batch below a
+    group trains the whole group (Trainer.micro_batches: MaskGRPO t2i's 3 rows of a group of 9 are 9)."""
+    from ddrl.training.memory import estimator_copies
+    from ddrl.training.method import build_method
+
+    copies = {"udm_grpo_ursa.yaml": 3, "fpo_llada8b.yaml": 4, "dipod_llada8b.yaml": 4, "daca_grpo_llada8b.yaml": 4,
+              "coupled_grpo_llada8b.yaml": 3, "espo_llada8b.yaml": 4, "spg_llada8b.yaml": 2,
+              "diffu_grpo_llada8b.yaml": 1}
+    for name, k in copies.items():
+        assert estimator_copies(build_method(load_config(ROOT / "configs/paper" / name, [], RLConfig))) == k, name
+    levels = load_config(ROOT / "configs/paper/udm_grpo_ursa.yaml",
+                         ["method.estimator_args.states=levels", "method.estimator_args.t_values=[0.9,0.7]"], RLConfig)
+    assert estimator_copies(build_method(levels)) == 2
+    from ddrl.training.memory import MMADA_8B
+
+    t2i = load_config(ROOT / "configs/paper/maskgrpo/t2i_mmada.yaml", ["model.gradient_checkpointing=false"], RLConfig)
+    T, d, f = 256 + 1024, 4096, 12288
+    per_token = 32 * (6 * d + 2 * d + 4 * f) * 2  # every block's activations, bf16
+    assert estimate_memory(t2i, MMADA_8B, 8).phases["update"]["activations"] == 9 * T * per_token
