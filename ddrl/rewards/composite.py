@@ -29,6 +29,16 @@ def column_value(column: Any, i: int) -> Any:
     return column
 
 
+def row_texts(columns: dict[str, Any], column: str, n: int, reward: str) -> list[str]:
+    """Each of the n rows' text from `column` ("caption": the text-to-image task's prompt text), or from
+    "prompt" on a direct call that names it so; a row without one is an error naming the reward."""
+    texts = columns.get(column, columns.get("prompt"))
+    rows = [column_value(texts, i) for i in range(n)]
+    if any(t is None for t in rows):
+        raise ValueError(f"the {reward} reward needs the {column!r} column")
+    return [str(t) for t in rows]
+
+
 def per_completion(score: Callable[..., float | None] | None = None, *, on_error: float | None = 0.0) -> Any:
     """Decorator: `score(completion, **row)` -> a batched reward that never raises.
 

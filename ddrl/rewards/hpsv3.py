@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ddrl.rewards.composite import column_value
+from ddrl.rewards.composite import row_texts
 
 
 class HPSv3Reward:
@@ -66,10 +66,7 @@ class HPSv3Reward:
 
         if images is None:
             return [None] * len(completions)  # a text task: not applicable
-        texts = columns.get(self.text_column, columns.get("prompt"))
-        prompts = [column_value(texts, i) for i in range(len(completions))]
-        if any(p is None for p in prompts):
-            raise ValueError(f"the hpsv3 reward needs the {self.text_column!r} column")
+        prompts = row_texts(columns, self.text_column, len(completions), "hpsv3")
         out: list[float | None] = []
         with tempfile.TemporaryDirectory(prefix="ddrl-hpsv3-") as tmp:
             paths = []

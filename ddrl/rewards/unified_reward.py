@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ddrl.rewards.composite import column_value
+from ddrl.rewards.composite import row_texts
 from ddrl.rewards.server import RequestFailed, RewardServerError, get_json, pil_to_png, post_json
 
 log = logging.getLogger(__name__)
@@ -127,11 +127,8 @@ class UnifiedReward:
 
         if images is None:
             return [None] * len(completions)  # a text task: not applicable
-        texts = columns.get(self.text_column, columns.get("prompt"))
-        captions = [column_value(texts, i) for i in range(len(completions))]
-        if any(c is None for c in captions):
-            raise ValueError(f"the unifiedreward reward needs the {self.text_column!r} column")
-        bodies = [self.request(p, str(c)) for p, c in zip(to_pil(images), captions)]
+        captions = row_texts(columns, self.text_column, len(completions), "unifiedreward")
+        bodies = [self.request(p, c) for p, c in zip(to_pil(images), captions)]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(bodies)))) as pool:
             return list(pool.map(self._score_one, bodies))
 

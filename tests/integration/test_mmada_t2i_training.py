@@ -16,9 +16,9 @@ from tests.tiny_clip import write_tiny_clip
 from tests.unit.test_mmada_t2i import write_magvit, write_tiny_mmada
 
 
-@pytest.mark.parametrize("released", [False, True])
-def test_two_step_maskgrpo_text_to_image_on_mmada(tmp_path, released):
-    """released: MaskGRPO's attended [iPAD] rows (model.t2i_attend_padding) and emerge draws (rollout.rng)."""
+def t2i_run(tmp_path, config: str, sampler: str, extra: list[str]) -> tuple:
+    """A 2-step `ddrl train` of `config` on the tiny MMaDA + MAGVIT pair with a tiny CLIP reward; returns
+    (the MMaDA directory, the run directory, its metrics rows)."""
     from ddrl.training.trainer import train
 
     mmada, magvit = write_tiny_mmada(tmp_path / "mmada"), write_magvit(tmp_path / "magvit")
@@ -26,21 +26,28 @@ def test_two_step_maskgrpo_text_to_image_on_mmada(tmp_path, released):
     prompts = tmp_path / "train.txt"
     prompts.write_text("a red cat\na blue dog\na green tree\na small house\n")
     reward = json.dumps([{"name": "clip_score", "weight": 1.0, "args": {"model": str(clip)}}])
-    run = train(ROOT / "configs/rl/maskgrpo_mini_sudoku.yaml", [
+    run = train(ROOT / config, [
         f"model.path={mmada}", f"model.vq_path={magvit}", "model.dtype=float32",
         "task.name=text_to_image", "task.args={}", f"task.args={{image_grid: [2, 2], path: {prompts}, split: hash, "
         f"test_fraction: 0.25, dev_fraction: 0.0, reward: {reward}}}",
-        "rollout.name=emerge", "rollout.gen_length=4", "rollout.steps=2", "rollout.block_length=null",
+        f"rollout.name={sampler}", "rollout.gen_length=4", "rollout.steps=2", "rollout.block_length=null",
         "rollout.cache=none", "rollout.temperature=1.0", "train.steps=2", "train.prompts_per_step=2",
         "train.group_size=2", "train.lr=1e-2", "train.save_every=2", "eval.n=0", "eval.before=false",
-        "train.progress=false", "train.tensorboard=false", f"output_dir={tmp_path / 'run'}"]
-        + (["model.t2i_attend_padding=true", "rollout.rng=released"] if released else []))
+        "train.progress=false", "train.tensorboard=false", f"output_dir={tmp_path / 'run'}", *extra])
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows), rows
     assert all(math.isfinite(r["reward/mean"]) for r in rows)
     before, after = load_file(str(mmada / "model.safetensors")), load_file(str(run / "checkpoint-2" / "model.safetensors"))
     assert before.keys() == after.keys()  # saved back in the official layout
     assert any(not torch.equal(before[k].float(), after[k].float()) for k in before), "no parameter moved"
+    return mmada, run, rows
+
+
+@pytest.mark.parametrize("released", [False, True])
+def test_two_step_maskgrpo_text_to_image_on_mmada(tmp_path, released):
+    """released: MaskGRPO's attended [iPAD] rows (model.t2i_attend_padding) and emerge draws (rollout.rng)."""
+    _, run, _ = t2i_run(tmp_path, "configs/rl/maskgrpo_mini_sudoku.yaml", "emerge",
+                        ["model.t2i_attend_padding=true", "rollout.rng=released"] if released else [])
     saved = json.loads((run / "checkpoint-2" / "config.json").read_text())["ddrl"]
     assert saved["t2i_attend_padding"] is released
 
@@ -49,30 +56,9 @@ def test_two_step_unigrpo_text_to_image_on_mmada(tmp_path):
     """UniGRPO (MMaDA's own RL method) on the same tiny MMaDA: MaskGIT rollouts (MMaDA's t2i sampler),
     random-ratio masked copies of the image scored with <|eoi|> after it (tests/unit/test_unigrpo_t2i.py),
     backward per chunk of 3 (sample, copy) rows; MMaDA released no image RL settings, so these are ddrl's."""
-    from ddrl.training.trainer import train
-
-    mmada, magvit = write_tiny_mmada(tmp_path / "mmada"), write_magvit(tmp_path / "magvit")
-    clip = write_tiny_clip(tmp_path / "clip")
-    prompts = tmp_path / "train.txt"
-    prompts.write_text("a red cat\na blue dog\na green tree\na small house\n")
-    reward = json.dumps([{"name": "clip_score", "weight": 1.0, "args": {"model": str(clip)}}])
-    run = train(ROOT / "configs/rl/unigrpo_mini_sudoku.yaml", [
-        f"model.path={mmada}", f"model.vq_path={magvit}", "model.dtype=float32",
-        "task.name=text_to_image", "task.args={}", f"task.args={{image_grid: [2, 2], path: {prompts}, split: hash, "
-        f"test_fraction: 0.25, dev_fraction: 0.0, reward: {reward}}}",
-        "rollout.name=maskgit", "rollout.gen_length=4", "rollout.steps=2", "rollout.block_length=null",
-        "rollout.cache=none", "rollout.temperature=1.0", "method.estimator_args.copies=2",
-        "train.micro_batch_rows=3", "train.num_iterations=2", "train.steps=2", "train.prompts_per_step=2",
-        "train.group_size=2", "train.lr=1e-2", "train.save_every=2", "eval.n=0", "eval.before=false",
-        "train.progress=false", "train.tensorboard=false", f"output_dir={tmp_path / 'run'}"])
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows), rows
-    assert all(math.isfinite(r["reward/mean"]) for r in rows)
+    _, _, rows = t2i_run(tmp_path, "configs/rl/unigrpo_mini_sudoku.yaml", "maskgit",
+                         ["method.estimator_args.copies=2", "train.micro_batch_rows=3", "train.num_iterations=2"])
     assert all(r["optimizer_steps"] > 0 for r in rows) and rows[-1]["optimizer_steps"] == 4  # mu 2 x 2 steps
-    before, after = load_file(str(mmada / "model.safetensors")), load_file(str(run / "checkpoint-2" / "model.safetensors"))
-    assert before.keys() == after.keys()
-    assert any(not torch.equal(before[k].float(), after[k].float()) for k in before), "no parameter moved"
-
 
 def test_ddrl_eval_json_on_a_text_to_image_mmada(tmp_path):
     """`ddrl eval --vq-path` makes the MMaDA an image model from the command line, as load_model(vq_path=)
