@@ -13,12 +13,15 @@ from pathlib import Path
 
 PREFIX = "ddrl:"
 ROOT = Path(__file__).resolve().parent
+# What counts as a shipped data file: the formats the file tasks read. Not this module, its compiled
+# __pycache__ (written beside it on first import), or the provenance READMEs.
+DATA_SUFFIXES = (".jsonl", ".json", ".txt", ".csv", ".parquet")
 
 
 def shipped_files() -> list[str]:
     """Every shipped data file, as a task argument names it (ddrl:geneval/evaluation_metadata.jsonl)."""
     return sorted(PREFIX + p.relative_to(ROOT).as_posix() for p in ROOT.glob("*/*")
-                  if p.is_file() and p.suffix != ".md" and p.name != "__init__.py")
+                  if p.is_file() and p.suffix in DATA_SUFFIXES and p.parent.name != "__pycache__")
 
 
 def resolve_data_path(path: str | None) -> str | None:
