@@ -27,9 +27,10 @@ Times, with URSA's shift k (scheduler_config.json "shift"), flow_time(sigma) = 1
 The reverse CTMC that samples with this path is ddrl.sampling.metric_path.
 
 Where this deviates from theirs: their distance writes into the logits tensor it is handed (in place);
-here no argument is modified (`velocity` works in place on its own temporaries only). Their pipeline keeps the codebook in float16 unless given a dtype; here it is
-float32 (the goldens compare with their path in float32). There is no NELBO (URSA trains with plain
-cross-entropy, `ce_loss`): `nelbo` and the uniform process's `posterior` raise.
+here no argument is modified (`velocity` works in place on its own temporaries only). Their pipeline
+keeps the codebook in float16 unless given a dtype; here it is float32 (the goldens compare with their
+path in float32). There is no NELBO (URSA trains with plain cross-entropy, `ce_loss`): `nelbo` and the
+uniform process's `posterior` raise.
 """
 
 from __future__ import annotations
