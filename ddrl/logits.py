@@ -66,18 +66,27 @@ def kept_index(logits_to_keep: int | Tensor, T: int, device: torch.device | None
 
 
 def kept_logits(model: Any, input_ids: Tensor, attention_mask: Tensor | None = None, *,
-                logits_to_keep: LogitsToKeep, **kwargs: Any) -> Tensor:
-    """model(input_ids, attention_mask=..., **kwargs).logits at the kept positions only: [B, K, V].
+                logits_to_keep: LogitsToKeep, class_range: tuple[int, int] | None = None, **kwargs: Any) -> Tensor:
+    """model(input_ids, attention_mask=..., **kwargs).logits at the kept positions only: [B, K, V]
+    ([B, K, b - a] for the vocabulary ids [a, b) of class_range).
 
     A model whose forward takes logits_to_keep (a DiffusionLM, also under DDP or FSDP2) computes only
-    those; any other (a test's toy, a wrapper) computes every position, sliced here. Without a mask
-    the model is called without one.
+    those; any other (a test's toy, a wrapper) computes every position, sliced here. The same for
+    class_range (a DiffusionLM computes only those ids where its head can: DiffusionLM._ranged_forward).
+    Without a mask the model is called without one.
     """
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask
+    inner = model.module if isinstance(model, DistributedDataParallel) else model  # DDP passes kwargs on
+    if class_range is not None and names_parameter(inner, "class_range"):
+        kwargs["class_range"], class_range = class_range, None  # the model selects the ids
+    logits = _kept(model, inner, input_ids, logits_to_keep, kwargs)
+    return logits if class_range is None else logits[..., class_range[0]:class_range[1]]
+
+
+def _kept(model: Any, inner: Any, input_ids: Tensor, logits_to_keep: LogitsToKeep, kwargs: dict) -> Tensor:
     if not keeps_some(logits_to_keep):
         return model(input_ids, **kwargs).logits
-    inner = model.module if isinstance(model, DistributedDataParallel) else model  # DDP passes kwargs on
     if names_parameter(inner, "logits_to_keep"):
         return model(input_ids, logits_to_keep=logits_to_keep, **kwargs).logits
     logits = model(input_ids, **kwargs).logits  # [B, T, V]

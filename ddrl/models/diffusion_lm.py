@@ -264,22 +264,25 @@ class DiffusionLM(nn.Module):
         return None
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, logits_to_keep: LogitsToKeep = None,
-                targets: TargetRequest | None = None, **kwargs: Any) -> DiffusionLMOutput:
+                targets: TargetRequest | None = None, class_range: tuple[int, int] | None = None,
+                **kwargs: Any) -> DiffusionLMOutput:
         """input_ids [B, T] -> logits [B, T, V] aligned with the input positions ([B, K, V] for the
         K positions of logits_to_keep, computed through the LM head only there when the backbone can).
 
         targets: TargetRequest(ids [B, K], mask [B, K] or None, class_range): return
         target_logprobs [B, K] (log p(ids) at the kept positions; 0 where mask is False) and no
-        logits (module docstring). kwargs (position_ids, past_key_values, use_cache, ...) go to the
-        backbone unchanged.
+        logits (module docstring). class_range (a, b): the logits of vocabulary ids [a, b) only,
+        [B, K, b - a] (`_ranged_forward`). kwargs (position_ids, past_key_values, use_cache, ...) go
+        to the backbone unchanged.
         """
         run = functools.partial(self.model, input_ids, attention_mask=attention_mask, **kwargs)
         kind = logits_to_keep_kind(self.model)
         if targets is not None:
+            check_class_range(class_range, self.vocab_size, targets=targets)
             out, lp = self._scored_forward(run, input_ids, logits_to_keep, kind, targets)
             return DiffusionLMOutput(logits=None, past_key_values=getattr(out, "past_key_values", None),
                                      target_logprobs=lp)
-        out, logits = self._kept_forward(run, input_ids, logits_to_keep, kind)
+        out, logits = self._ranged_forward(run, input_ids, logits_to_keep, kind, class_range)
         return DiffusionLMOutput(logits=logits, past_key_values=getattr(out, "past_key_values", None))
 
     def _kept_forward(self, run: Callable[..., Any], input_ids: Tensor, logits_to_keep: LogitsToKeep,
@@ -296,6 +299,37 @@ class DiffusionLM(nn.Module):
                                      rows=input_ids.shape[0])
         out, raw = requested_logits(run, kind, T, request)
         return out, self.suppress_logits(raw)  # already aligned: the shift is in the positions asked for
+
+    def _ranged_forward(self, run: Callable[..., Any], input_ids: Tensor, logits_to_keep: LogitsToKeep,
+                        kind: str | None, class_range: tuple[int, int] | None) -> tuple[Any, Tensor]:
+        """-> (the backbone's output, the logits of vocabulary ids [a, b) = class_range at the kept
+        positions [B, K, b - a]; every id's [B, K, V] when class_range is None).
+
+        A head with `range_logits` (URSA's codebook head) computes those columns alone from the final
+        hidden states at the kept positions (compute_logits=False, as in _scored_forward): the
+        metric_path sampler then never holds [B, K, V] logits and their suppressed copy. The numbers
+        are the sliced full logits' bit for bit, suppressed ids in the range included; any other
+        head computes the full logits, sliced here."""
+        if class_range is None:
+            return self._kept_forward(run, input_ids, logits_to_keep, kind)
+        a, b = check_class_range(class_range, self.vocab_size)
+        base = base_model(self.model)
+        head = getattr(base, "lm_head", None)
+        if not (kind == "tensor" and names_parameter(base, "compute_logits") and hasattr(head, "range_logits")):
+            out, logits = self._kept_forward(run, input_ids, logits_to_keep, kind)
+            return out, logits[..., a:b]
+        T = input_ids.shape[1]
+        keep = logits_to_keep if keeps_some(logits_to_keep) else T
+        request = backbone_positions(keep, T, shifted=self.logits_shifted, device=input_ids.device,
+                                     rows=input_ids.shape[0])
+        out = run(compute_logits=False)
+        hidden = out.hidden_states  # [B, T, D] after the final norm
+        hidden = hidden[:, T - request:] if isinstance(request, int) else take_positions(hidden, request)  # [B, K, D]
+        logits = head.range_logits(hidden, a, b)  # [B, K, b - a]
+        suppressed = self.suppressed_vocab(self.vocab_size, "cpu")  # on the host: no device sync to test it
+        if suppressed is not None and bool(suppressed[a:b].any()):
+            logits = logits.masked_fill(suppressed[a:b].to(logits.device), SUPPRESSED_LOGIT)
+        return out, logits
 
     def _scored_forward(self, run: Callable[..., Any], input_ids: Tensor, logits_to_keep: LogitsToKeep,
                         kind: str | None, targets: TargetRequest) -> tuple[Any, Tensor]:
@@ -480,6 +514,22 @@ def save_backbone(backbone: nn.Module, directory: Path, state_dict: dict[str, Te
 # --------------------------------------------------------------------------------------------
 # logits_to_keep: the LM head only where a caller scores
 # --------------------------------------------------------------------------------------------
+
+
+def check_class_range(class_range: Any, vocab_size: int, *, targets: Any = None) -> tuple[int, int] | None:
+    """forward's class_range: None, or (a, b) with 0 <= a < b <= vocab_size; not with targets."""
+    if class_range is None:
+        return None
+    if targets is not None:
+        raise ValueError("class_range selects the logits a forward returns; to score targets over a range of "
+                         "ids pass TargetRequest(ids, mask, class_range=...) instead")
+    try:
+        a, b = (int(i) for i in class_range)
+    except (TypeError, ValueError):
+        raise ValueError(f"class_range must be a pair (first id, end id), got {class_range!r}") from None
+    if not 0 <= a < b <= vocab_size:
+        raise ValueError(f"class_range {class_range!r} must satisfy 0 <= first < end <= vocab_size ({vocab_size})")
+    return a, b
 
 
 def backbone_positions(logits_to_keep: int | Tensor, T: int, *, shifted: bool,

@@ -63,7 +63,7 @@ from ddrl.data import as_stop_ids
 from ddrl.models.backbone import base_model, checkpoint_blocks, logits_width, transformer_blocks
 from ddrl.logits import LogitsToKeep
 from ddrl.ops.logprobs import TargetRequest
-from ddrl.models.diffusion_lm import (DiffusionLM, DiffusionLMOutput,
+from ddrl.models.diffusion_lm import (DiffusionLM, DiffusionLMOutput, check_class_range,
                                       load_saved_adapter, logits_to_keep_kind, make_process_spec)
 from ddrl.models.families import (FAMILIES, FamilyFacts, checkpoint_block_size, detect_family, family_facts,
                                   image_token_range, remote_code_files)
@@ -117,9 +117,11 @@ class HFDiffusionLM(DiffusionLM):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: Any = None, use_cache: bool = False, *,
-                logits_to_keep: LogitsToKeep = None, targets: TargetRequest | None = None) -> DiffusionLMOutput:
+                logits_to_keep: LogitsToKeep = None, targets: TargetRequest | None = None,
+                class_range: tuple[int, int] | None = None) -> DiffusionLMOutput:
         """input_ids [B, T_new] -> logits [B, T_new, V] aligned with the input (DiffusionLM's contract;
-        [B, K, V] for the K positions of logits_to_keep; with targets, target_logprobs [B, K] and no logits).
+        [B, K, V] for the K positions of logits_to_keep; with targets, target_logprobs [B, K] and no logits;
+        with class_range (a, b), the logits of ids [a, b) only, [B, K, b - a]: DiffusionLM._ranged_forward).
 
         attention_mask: None; [B, T_past + T_new] padding mask (1 = real); or a boolean
         [B, (1,) T_new, T_past + T_new] mask used as given. position_ids [B, T_new].
@@ -139,10 +141,11 @@ class HFDiffusionLM(DiffusionLM):
         run = functools.partial(self._feed.run, self, input_ids, attention_mask, **kwargs)
         kind = logits_to_keep_kind(self.model) if self.attention == "native" else None
         if targets is not None:  # log-probs from the hidden states, chunked (DiffusionLM._scored_forward)
+            check_class_range(class_range, self.vocab_size, targets=targets)
             out, lp = self._scored_forward(run, input_ids, logits_to_keep, kind, targets)
             return DiffusionLMOutput(logits=None, past_key_values=_backbone_cache(out), target_logprobs=lp)
-        # [B, T_new or K, V]; logits_range is applied there (DiffusionLM.suppress_logits)
-        out, logits = self._kept_forward(run, input_ids, logits_to_keep, kind)
+        # [B, T_new or K, V] (or b - a ids); logits_range is applied there (DiffusionLM.suppress_logits)
+        out, logits = self._ranged_forward(run, input_ids, logits_to_keep, kind, class_range)
         return DiffusionLMOutput(logits=logits, past_key_values=_backbone_cache(out))
 
     def image_logits(self, logits: Tensor) -> Tensor:

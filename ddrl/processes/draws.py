@@ -98,13 +98,14 @@ def randint_draw(high: int, shape: tuple[int, ...] | torch.Size, *, generator: t
     return x if device is None else x.to(device)
 
 
-def sample_categorical(probs: Tensor, *, generator: torch.Generator) -> Tensor:
+def sample_categorical(probs: Tensor, *, generator: torch.Generator, in_place: bool = False) -> Tensor:
     """One index per row of probs [..., N] (rows need not be normalised; zero entries are never drawn).
 
     Inverse-CDF sampling with one uniform per row: unlike torch.multinomial it works with a
-    generator on another device and needs no reshaping to 2-D.
+    generator on another device and needs no reshaping to 2-D. in_place: the cdf overwrites probs
+    (same numbers, no second [..., N] tensor), for a caller that does not read probs again.
     """
-    cdf = probs.cumsum(-1)  # [..., N]
+    cdf = probs.cumsum_(-1) if in_place else probs.cumsum(-1)  # [..., N]
     u = uniform_draw(probs.shape[:-1] + (1,), generator=generator, device=probs.device, dtype=cdf.dtype)
     # right=True: the first index whose cdf exceeds u, which skips zero-probability entries.
     idx = torch.searchsorted(cdf.contiguous(), (u * cdf[..., -1:]).contiguous(), right=True)

@@ -27,9 +27,10 @@ Times, with URSA's shift k (scheduler_config.json "shift"), flow_time(sigma) = 1
 The reverse CTMC that samples with this path is ddrl.sampling.metric_path.
 
 Where this deviates from theirs: their distance writes into the logits tensor it is handed (in place);
-here nothing is modified. Their pipeline keeps the codebook in float16 unless given a dtype; here it is
-float32 (the goldens compare with their path in float32). There is no NELBO (URSA trains with plain
-cross-entropy, `ce_loss`): `nelbo` and the uniform process's `posterior` raise.
+here no argument is modified (`velocity` works in place on its own temporaries only). Their pipeline
+keeps the codebook in float16 unless given a dtype; here it is float32 (the goldens compare with their
+path in float32). There is no NELBO (URSA trains with plain cross-entropy, `ce_loss`): `nelbo` and the
+uniform process's `posterior` raise.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class MetricPathProcess(UniformProcess):
     def distances(self, x1: Tensor) -> Tensor:
         """d(x1, x) for every class x: class indices [...] -> [..., N] (their get_dist against the codebook)."""
         e1 = torch.nn.functional.normalize(self._on(x1)[x1], dim=-1, eps=self.eps)  # [..., D]
-        return e1.square().sum(-1, keepdim=True) + self._sumsq - e1 @ (2 * self.emb).T
+        d = e1.square().sum(-1, keepdim=True) + self._sumsq  # [..., N]
+        return d.sub_(e1 @ (2 * self.emb).T)  # in place: one [..., N] temporary (the product), not two
 
     def pair_distance(self, x: Tensor, y: Tensor) -> Tensor:
         """d(x, y) elementwise: class indices [...] x2 -> [..., 1]."""
@@ -109,11 +111,16 @@ class MetricPathProcess(UniformProcess):
         return torch.softmax(-beta * d, dim=-1)
 
     def velocity(self, x1: Tensor, xt: Tensor, s: float) -> Tensor:
-        """v(x | x_t, x1) [..., N] for class indices x1, x_t [...] at flow time s (module docstring)."""
-        d_x1 = self.distances(x1)  # [..., N]
-        probs = torch.softmax(-self._per_row(self.beta(s), d_x1) * d_x1, dim=-1)
-        gain = torch.relu(self.pair_distance(xt, x1) - d_x1)  # [..., N]
-        return probs * self._per_row(self.beta_prime(s), d_x1) * gain
+        """v(x | x_t, x1) [..., N] for class indices x1, x_t [...] at flow time s (module docstring).
+
+        At most three [..., N] tensors at once (the sampler's peak: ddrl.training.memory): the gain is
+        taken from d before d is scaled in place into the softmax's input, and the products are in
+        place. Each in-place op is the out-of-place one with the same operands, so the numbers are
+        bit for bit those of the plain formula (tests/unit/test_ursa_seeded.py)."""
+        d = self.distances(x1)  # [..., N]
+        gain = torch.sub(self.pair_distance(xt, x1), d).relu_()  # [..., N]
+        probs = torch.softmax(d.mul_(-self._per_row(self.beta(s), d)), dim=-1)  # d is not read again
+        return probs.mul_(self._per_row(self.beta_prime(s), probs)).mul_(gain)
 
     # ---------------------------------------------------------------- times
     def flow_time(self, sigma: Tensor) -> Tensor:

@@ -23,6 +23,13 @@ cfg_scale = 6, UDM-GRPO's rollouts (g = 1) are cfg_scale = 0 (one pass, no guida
 divides z before the softmaxes (1.0 = URSA's; 0 = argmax x1^ and argmax at the last step).
 
 Time convention: flow time inside (s = 0 noise); the trajectory's step_times are ddrl's t = 1 - s.
+
+Memory (ddrl.training.memory, metric_path): the model is asked for the N classes' logits only
+(kept_logits' class_range; URSA's head then computes no [B, L, V] tensor), z is dropped once
+softmax(z) is taken, x1^'s and the target's cdfs overwrite the probabilities they come from, and
+process.velocity works in place: a step holds at most three float32 [B, L, N] tensors. Every
+in-place op is the out-of-place one on the same operands, so tokens and probabilities are those of
+the plain formulas bit for bit (tests/unit/test_ursa_seeded.py).
 """
 
 from __future__ import annotations
@@ -46,16 +53,19 @@ if TYPE_CHECKING:  # the sampling layer imports only torch at run time
 GUIDANCE_TRUNC = 0.9  # URSAPipeline's guidance_trunc: no guidance from flow time 0.9 on
 
 
-def x1_distribution(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """softmax(z / temperature) [..., N], or one-hot argmax at temperature 0."""
+def x1_distribution(logits: Tensor, temperature: float = 1.0, *, in_place: bool = False) -> Tensor:
+    """softmax(z / temperature) [..., N], or one-hot argmax at temperature 0. in_place: divide the
+    logits themselves (a caller's own tensor, not read again), with no second [..., N] copy."""
     if temperature == 0.0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
-    return torch.softmax(logits / temperature, dim=-1)
+    if temperature != 1.0:  # z / 1 is z exactly: no copy
+        logits = logits.div_(temperature) if in_place else logits / temperature
+    return torch.softmax(logits, dim=-1)
 
 
 def _jump_law(process: MetricPathProcess, x1: Tensor, xt: Tensor, s: float, dt: float) -> tuple[Tensor, Tensor]:
     """-> (jump probability [...], target weights v [..., N] with v[x_t] = 0) for candidates x1."""
-    v = process.velocity(x1, xt, s).scatter(-1, xt[..., None], 0.0)
+    v = process.velocity(x1, xt, s).scatter_(-1, xt[..., None], 0.0)  # velocity's own tensor
     return 1 - torch.exp(-dt * v.sum(-1)), v
 
 
@@ -86,14 +96,23 @@ def transition_probs(process: MetricPathProcess, logits: Tensor, xt: Tensor, s: 
 def ctmc_step(process: MetricPathProcess, logits: Tensor, xt: Tensor, s: float, s_next: float | None, *,
               generator: torch.Generator, temperature: float = 1.0) -> Tensor:
     """One draw from transition_probs: classes x_t [B, L] -> x_next [B, L] (draws: x1^, then the jump
-    uniforms, then the targets, each through `generator`)."""
-    p1 = x1_distribution(logits.float(), temperature)
-    x1 = p1.argmax(-1) if temperature == 0.0 else sample_categorical(p1, generator=generator)
-    if s_next is None:
-        return x1
+    uniforms, then the targets, each through `generator`). logits are not modified."""
+    x1 = draw_x1(x1_distribution(logits.float(), temperature), temperature, generator=generator, in_place=True)
+    return x1 if s_next is None else jump_from(process, x1, xt, s, s_next, generator=generator)
+
+
+def draw_x1(p1: Tensor, temperature: float, *, generator: torch.Generator, in_place: bool = False) -> Tensor:
+    """x1^ ~ p1 [..., N] (argmax at temperature 0); in_place: p1 becomes its cdf (not read again)."""
+    return p1.argmax(-1) if temperature == 0.0 else sample_categorical(p1, generator=generator, in_place=in_place)
+
+
+def jump_from(process: MetricPathProcess, x1: Tensor, xt: Tensor, s: float, s_next: float, *,
+              generator: torch.Generator) -> Tensor:
+    """The step's jump towards candidates x1 [B, L] from x_t [B, L]: at most three [B, L, N] float32
+    tensors at once, those of process.velocity (v, then its cdf, in place)."""
     jump, v = _jump_law(process, x1, xt, s, float(s_next) - float(s))
     u = uniform_draw(xt.shape, generator=generator, device=xt.device, dtype=jump.dtype)
-    target = sample_categorical(v, generator=generator)  # rows with v = 0 never jump (jump = 0)
+    target = sample_categorical(v, generator=generator, in_place=True)  # rows with v = 0 never jump (jump = 0)
     return torch.where(u < jump, target, xt)
 
 
@@ -112,16 +131,16 @@ def unconditional_prompt(model: Any, prompt_ids: Tensor) -> Tensor:
 def guided_logits(model: Any, process: MetricPathProcess, prompt_ids: Tensor, uncond_prompt: Tensor | None,
                   completion: Tensor, attention_mask: Tensor, guidance_scale: float) -> Tensor:
     """Logits over the N classes at the completion positions [B, L, N] (float32): z = u + g (c - u), or the
-    conditional logits alone when uncond_prompt is None or g == 1 (one pass)."""
-    L = completion.shape[1]
-    lo, hi = process.offset, process.offset + process.num_classes
+    conditional logits alone when uncond_prompt is None or g == 1 (one pass). The model is asked for
+    the N classes' logits only (kept_logits' class_range: URSA's head then computes no others)."""
+    L, classes = completion.shape[1], (process.offset, process.offset + process.num_classes)
     cond_ids = torch.cat([prompt_ids, completion], dim=1)
     if uncond_prompt is None or guidance_scale == 1.0:
-        return kept_logits(model, cond_ids, attention_mask, logits_to_keep=L)[..., lo:hi].float()
+        return kept_logits(model, cond_ids, attention_mask, logits_to_keep=L, class_range=classes).float()
     ids = torch.cat([cond_ids, torch.cat([uncond_prompt, completion], dim=1)])
-    logits = kept_logits(model, ids, attention_mask.repeat(2, 1), logits_to_keep=L)[..., lo:hi].float()
+    logits = kept_logits(model, ids, attention_mask.repeat(2, 1), logits_to_keep=L, class_range=classes).float()
     cond, uncond = logits.chunk(2, dim=0)
-    return uncond + guidance_scale * (cond - uncond)
+    return (cond - uncond).mul_(guidance_scale).add_(uncond)  # = u + g (c - u) bit for bit, one temporary
 
 
 def _check_inputs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any) -> MetricPathProcess:
@@ -165,19 +184,24 @@ def sample_metric_path(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | Non
         s = grid[i]
         g = scale if s < guidance_trunc else 1.0
         z = guided_logits(model, process, prompt_ids, uncond, x + process.offset, attention_mask, g)  # [B, L, N]
-        x_next = ctmc_step(process, z, x, s, grid[i + 1] if i < S - 1 else None, generator=generator,
-                           temperature=temperature)
+        # ctmc_step, with each [B, L, N] tensor dropped once read: z before the velocity's temporaries,
+        # p1 (unless recorded) as it becomes its own cdf (ddrl.training.memory, metric_path)
+        p1 = x1_distribution(z, temperature, in_place=True)
+        del z
         if return_trajectory:
             states.append(x + process.offset)
-            probs.append(x1_distribution(z, temperature))
+            probs.append(p1)
+        x1 = draw_x1(p1, temperature, generator=generator, in_place=not return_trajectory)
+        del p1
+        x_next = x1 if i == S - 1 else jump_from(process, x1, x, s, grid[i + 1], generator=generator)
         last_change = torch.where(x_next != x, torch.full_like(last_change, i), last_change)
         x = x_next
 
     trajectory = None
     if return_trajectory:
-        final = x[:, None, :, None].expand(B, S, L, 1)
+        final = x[..., None]  # [B, L, 1]: each record read at the final tokens, no stacked [B, S, L, N] copy
         trajectory = Trajectory(commit_step=last_change,
-                                token_probs=torch.stack(probs, dim=1).gather(-1, final).squeeze(-1),  # [B, S, L]
+                                token_probs=torch.stack([p.gather(-1, final).squeeze(-1) for p in probs], dim=1),
                                 states=torch.stack(states, dim=1),  # [B, S, L]
                                 step_times=1 - torch.tensor(grid[:S], device=device))  # [S]
     return SampleOutput(completion_ids=x + process.offset, trajectory=trajectory, nfe=S)

@@ -25,12 +25,13 @@ under model.mixed_precision=bf16, else b)):
                    samplers draw over the whole vocabulary V, image models too (their logits_range only
                    suppresses the ids outside the codebook); MMaDA's maskgit sampler slices the guided
                    logits to the codebook first, so its fp32 temporaries are R W N 12 (N codes).
-                   URSA's metric_path sampler (cfg_scale 0): the head's full-vocabulary logits and
-                   their suppressed copy (DiffusionLM.suppress_logits), 2 R W V c, next to the previous
-                   step's fp32 codebook logits z (R W N 4; R W V 4 when c = 4: the slice's .float() is
-                   then a view of the whole tensor); then the CTMC step holds z and six fp32 [R, W, N]
-                   tensors (x1 probabilities, distances, path probabilities, gain, two products):
-                   R W max(2 V c + z, z + 24 N); under guidance 2R rows give 4 V c
+                   URSA's metric_path sampler: R W N 12, three fp32 [R, W, N] tensors. Its head computes
+                   the codebook's logits only (class_range: no [R, W, V] tensor) and a CTMC step holds at
+                   most three: process.velocity's distances (scaled in place into the softmax input),
+                   gain and path probabilities (the products and v[x_t] = 0 in place); before it z and
+                   softmax(z) (8 N), z dropped before the velocity and the cdfs in place. Under guidance
+                   the 2R rows' logits (2 N c + 8 N: c-dtype, then fp32) and then both halves and
+                   c - u (12 N) are no more (ddrl.sampling.metric_path's Memory)
                    + the trajectory recorder, R W S_b V 4: fp32 probabilities of every step of a block
                      (methods that read token probabilities: DPS; TraceRL records commit order only;
                      metric_path records over the N codes, R W S N 4)
@@ -86,7 +87,7 @@ GB = 1e9
 DEFAULT_PROMPT_TOKENS = 256  # a chat-formatted math/code prompt, when rollout.max_prompt_length is unset
 LOGPROB_CHUNK_ELEMENTS = 2**24  # ddrl.ops.logprobs.CHUNK_ELEMENTS: logits alive at once when scoring
 RECORDER_BYTES = 4  # a full trajectory record keeps float32 [B, W, V] per step of a block (DPS)
-METRIC_PATH_FP32_TEMPORARIES = 6  # fp32 [R, W, N] tensors a metric_path CTMC step holds next to z (module doc)
+METRIC_PATH_FP32_TENSORS = 3  # fp32 [R, W, N] tensors a metric_path sampler step holds at most (module doc)
 
 
 @dataclass(frozen=True)
@@ -404,10 +405,8 @@ def _rollout_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strateg
     terms = _compute_weights(strategy, shape, counts, c, bf16, whole=True)
     terms["no-grad forward (one layer)"] = F * T * (4 * d + 3 * shape.active_ffn + shape.dispatch_width) * c
     N = shape.codebook
-    if r.name == "metric_path" and N > 0:  # CTMC step over the codebook, after full-vocabulary logits (module doc)
-        z = N * 4 if c != 4 or r.cfg_scale > 0 else V * 4  # the previous step's fp32 codebook logits
-        terms["block logits + fp32 temporaries"] = R * W * max((4 if r.cfg_scale > 0 else 2) * V * c + z,
-                                                               z + METRIC_PATH_FP32_TEMPORARIES * N * 4)
+    if r.name == "metric_path" and N > 0:  # codebook logits only, then the CTMC step (module doc)
+        terms["block logits + fp32 temporaries"] = R * W * METRIC_PATH_FP32_TENSORS * N * 4
     else:
         sliced = r.name == "maskgit" and N > 0  # draws over the codebook only (module doc)
         after = R * W * (V * c + (N if sliced else V) * 12)  # guided logits + fp32 temporaries

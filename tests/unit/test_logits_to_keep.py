@@ -279,6 +279,23 @@ def test_kept_logits_slices_for_models_without_the_argument():
         close(kept_logits(lm, ids, mask, logits_to_keep=5), full[:, -5:])
 
 
+def test_class_range_is_the_slice_of_the_suppressed_logits():
+    """kept_logits(class_range=(a, b)) = the kept logits' ids [a, b): sliced for a model without the argument,
+    and for a DiffusionLM whose head has no range_logits (the mask id in the range stays suppressed)."""
+    lm = denoiser_lm()
+    ids, mask = ids_and_mask(V)
+    a, b = MASK - 3, MASK + 1  # the mask id is the last of the range
+    with torch.no_grad():
+        full = lm(ids, attention_mask=mask).logits
+        for model in (WithoutKeep(lm), lm):
+            got = kept_logits(model, ids, mask, logits_to_keep=5, class_range=(a, b))
+            assert torch.equal(got, full[:, -5:, a:b])
+        assert (lm(ids, attention_mask=mask, class_range=(a, b)).logits[..., 3] == -1e4).all()
+        for bad in [(b, a), (0, V + 1), (3,)]:
+            with pytest.raises(ValueError, match="class_range"):
+                lm(ids, attention_mask=mask, class_range=bad)
+
+
 # -------------------------------------------------------------------------------- estimators unchanged
 
 

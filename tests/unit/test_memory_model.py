@@ -206,22 +206,23 @@ def test_codebook_size_is_read_from_config_json():
     assert shape_from_config({**mmada, "codebook_size": None}).codebook == 0
 
 
-def test_metric_path_rollout_holds_full_vocabulary_logits_then_codebook_temporaries():
-    """URSA's sampler (UDM-GRPO PickScore, 8 rows a call on 8 GPUs, bf16): the head returns the whole
-    vocabulary (the codes' logits padded with the suppressed value) and DiffusionLM.suppress_logits
-    copies it, next to the previous step's fp32 codebook logits z; the CTMC step then holds z and six
-    fp32 [R, W, N] tensors. Hand-computed: R W max(2 V c + 4 N, 4 N + 24 N)."""
+def test_metric_path_rollout_holds_three_fp32_codebook_tensors():
+    """URSA's sampler (UDM-GRPO PickScore, 8 rows a call on 8 GPUs, bf16): the head computes the codebook's
+    logits only and a CTMC step holds at most three fp32 [R, W, N] tensors (process.velocity's), whatever
+    the vocabulary and guidance. Hand-computed: R W 12 N (was R W 28 N: the full-vocabulary logits, the
+    previous step's z and six temporaries)."""
     from ddrl.training.memory import URSA_1_7B
 
     recipe = ROOT / "configs/paper/udm_grpo/pickscore.yaml"
     assert model_shape("/path/to/URSA-1.7B-IBQ512") is URSA_1_7B
-    R, W, V, N, c = 8, 1024, 151936 + 131072, 131072, 2
+    R, W, N = 8, 1024, 131072
     rollout = estimate_memory(load_config(recipe, [], RLConfig), URSA_1_7B, 8).phases["rollout"]
-    assert rollout["block logits + fp32 temporaries"] == R * W * max(2 * V * c + 4 * N, 28 * N) == R * W * 28 * N
-    # a 16x smaller vocabulary with the same codebook: the full-vocabulary logits are the peak
-    wide = URSA_1_7B.__class__(**{**URSA_1_7B.__dict__, "vocab": 4 * V})
-    assert estimate_memory(load_config(recipe, [], RLConfig), wide, 8).phases["rollout"][
-        "block logits + fp32 temporaries"] == R * W * (2 * 4 * V * c + 4 * N)
+    assert rollout["block logits + fp32 temporaries"] == R * W * 12 * N
+    # no full-vocabulary tensor: a 4x larger vocabulary, or guidance (2R rows), changes nothing
+    wide = URSA_1_7B.__class__(**{**URSA_1_7B.__dict__, "vocab": 4 * URSA_1_7B.vocab})
+    guided = load_config(recipe, ["rollout.cfg_scale=6"], RLConfig)
+    for cfg, shape in ((load_config(recipe, [], RLConfig), wide), (guided, URSA_1_7B)):
+        assert estimate_memory(cfg, shape, 8).phases["rollout"]["block logits + fp32 temporaries"] == R * W * 12 * N
     # the naive ablation records softmax(z) of every step over the codes: R W S N 4
     naive = estimate_memory(load_config(recipe, ["method.estimator_args.forward_process=false"], RLConfig),
                             URSA_1_7B, 8).phases["rollout"]
@@ -269,12 +270,15 @@ class _LiveBytes:
         return self.state["peak"]
 
 
-@pytest.mark.parametrize("words,codes", [(3000, 256), (40, 1024)], ids=["vocabulary-bound", "codebook-bound"])
-def test_metric_path_estimate_matches_what_the_sampler_allocates(tmp_path, words, codes):
+@pytest.mark.parametrize("cfg_scale", [0.0, 6.0], ids=["one-pass", "guided"])
+@pytest.mark.parametrize("words,codes", [(3000, 256), (40, 1024)], ids=["wide-vocabulary", "wide-codebook"])
+def test_metric_path_estimate_matches_what_the_sampler_allocates(tmp_path, words, codes, cfg_scale):
     """The estimate's rollout terms for a tiny bf16 URSA pipeline against the bytes the metric_path
     sampler really keeps alive at its peak (4 rows of an 8x8 image, 3 steps): the logits term, plus at
-    most the forward's one-layer transient, whether the full-vocabulary logits (3,000 text ids, 256
-    codes) or the codebook temporaries (40 text ids, 1,024 codes) are the larger."""
+    most the forward's one-layer transient, with a vocabulary 12x the codebook (3,000 text ids, 256
+    codes: before the codebook-only head, 2 V c of full-vocabulary logits were the peak) or not (40
+    text ids, 1,024 codes), with guidance or not. Measured peaks, 4 x 64 x N x bytes: 12.7 / 12.8
+    (wide vocabulary) and 12.4 / 12.4 (wide codebook); before the in-place step 56 / 107 and 28.4 / 28.4."""
     import torch
 
     from ddrl.models.ursa import load_ursa
@@ -287,7 +291,7 @@ def test_metric_path_estimate_matches_what_the_sampler_allocates(tmp_path, words
     model.image_shape = (8, 8)
     cfg = load_config(ROOT / "configs/paper/udm_grpo_ursa.yaml", [
         f"model.path={tmp_path}", "rollout.gen_length=64", "rollout.steps=3", "rollout.batch_rows=null",
-        "train.prompts_per_step=1", "train.group_size=4"], RLConfig)
+        "train.prompts_per_step=1", "train.group_size=4", f"rollout.cfg_scale={cfg_scale}"], RLConfig)
     shape = model_shape(str(tmp_path))
     assert (shape.vocab, shape.codebook) == (model.vocab_size, codes)
     prompt = torch.full((4, 5), 2, dtype=torch.long)

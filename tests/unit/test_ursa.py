@@ -61,6 +61,30 @@ def test_logits_equal_theirs(model):
                                atol=1e-4, rtol=0)
 
 
+def test_codebook_logits_are_the_full_logits_slice_without_the_full_tensor(model, monkeypatch):
+    """class_range = the codebook (the metric_path sampler's request): URSA's head computes the codes' logits
+    alone (CodebookHead.forward, which lays them into the vocabulary, never runs), bit for bit the full
+    logits' slice; another range is sliced from the full logits; with targets it is an error."""
+    from ddrl.models.native.ursa import CodebookHead
+    from ddrl.ops.logprobs import TargetRequest
+
+    ids = GOLDEN["batch_ids"]
+    codes = (LM_VOCAB, LM_VOCAB + CODES)
+    with torch.no_grad():
+        for keep in (N, torch.tensor([0, 5, ids.shape[1] - 1])):
+            full = model(ids, logits_to_keep=keep).logits
+            widths = []
+            real = CodebookHead.forward
+            monkeypatch.setattr(CodebookHead, "forward", lambda self, h: widths.append(1) or real(self, h))
+            assert torch.equal(model(ids, logits_to_keep=keep, class_range=codes).logits, full[..., LM_VOCAB:])
+            assert not widths
+            assert torch.equal(model(ids, logits_to_keep=keep, class_range=(100, 130)).logits, full[..., 100:130])
+            assert widths  # not the codebook: the full logits, sliced
+            monkeypatch.undo()
+        with pytest.raises(ValueError, match="TargetRequest"):
+            model(ids, targets=TargetRequest(ids[:, -N:]), logits_to_keep=N, class_range=codes)
+
+
 def test_left_padded_batch_equals_rows_unpadded(model):
     """A row left-padded by ddrl (mask 0) gets the logits of the row alone (their code, no padding):
     the 10-token prompt next to an 8-token one, whose own max_prompt_length padding is real input."""

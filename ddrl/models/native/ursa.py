@@ -145,6 +145,14 @@ class CodebookHead(nn.Module):
         """hidden [..., D] -> [..., codebook]: what URSA's own head returns."""
         return F.linear(hidden, self.weight)
 
+    def range_logits(self, hidden: Tensor, lo: int, hi: int) -> Tensor:
+        """hidden [..., D] -> forward(hidden)[..., lo:hi], computing only those columns when [lo, hi) is
+        the codebook (DiffusionLM's class_range: the metric_path sampler's logits without a
+        [..., vocab_size] tensor; same numbers, as the padding only copies them)."""
+        if (lo, hi) == (self.offset, self.offset + self.weight.shape[0]):
+            return self.code_logits(hidden)
+        return self.forward(hidden)[..., lo:hi]
+
     def forward(self, hidden: Tensor) -> Tensor:
         codes = self.code_logits(hidden)
         right = self.vocab_size - self.offset - codes.shape[-1]
