@@ -305,16 +305,18 @@ class DiffusionLM(nn.Module):
         """-> (the backbone's output, the logits of vocabulary ids [a, b) = class_range at the kept
         positions [B, K, b - a]; every id's [B, K, V] when class_range is None).
 
-        A head with `range_logits` (URSA's codebook head) computes those columns alone from the final
-        hidden states at the kept positions (compute_logits=False, as in _scored_forward): the
-        metric_path sampler then never holds [B, K, V] logits and their suppressed copy. The numbers
-        are the sliced full logits' bit for bit, suppressed ids in the range included; any other
-        head computes the full logits, sliced here."""
+        A backbone with `range_logits(hidden, a, b)` (LLaDA/MMaDA's: the head's rows [a, b)), or whose
+        head module has one (URSA's codebook head), computes those columns alone from the final hidden
+        states at the kept positions (compute_logits=False, as in _scored_forward): the metric_path,
+        emerge and maskgit samplers of an image model then never hold [B, K, V] logits and their
+        suppressed copy. The numbers are the sliced full logits' (bit for bit on the CPU: the same dot
+        products), suppressed ids in the range included; any other head computes the full logits,
+        sliced here."""
         if class_range is None:
             return self._kept_forward(run, input_ids, logits_to_keep, kind)
         a, b = check_class_range(class_range, self.vocab_size)
         base = base_model(self.model)
-        head = getattr(base, "lm_head", None)
+        head = base if hasattr(base, "range_logits") else getattr(base, "lm_head", None)
         if not (kind == "tensor" and names_parameter(base, "compute_logits") and hasattr(head, "range_logits")):
             out, logits = self._kept_forward(run, input_ids, logits_to_keep, kind)
             return out, logits[..., a:b]

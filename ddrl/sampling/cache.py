@@ -242,20 +242,24 @@ def _call(model: Any, ids: Tensor, **kwargs: Any) -> Any:
     return model(ids, **{k: v for k, v in kwargs.items() if v is not None})
 
 
-def _call_keep(model: Any, ids: Tensor, keep: int | Tensor, **kwargs: Any) -> tuple[Any, Tensor]:
+def _call_keep(model: Any, ids: Tensor, keep: int | Tensor, class_range: tuple[int, int] | None = None,
+               **kwargs: Any) -> tuple[Any, Tensor]:
     """_call that computes logits only at `keep` (the last K fed positions, or those positions;
-    ddrl.logits) when the model can, else slices: -> (output, logits [R, K, V]).
+    ddrl.logits) when the model can, else slices: -> (output, logits [R, K, V]); with class_range
+    (a, b) the ids [a, b) only, [R, K, b - a] (the model's own class_range, else sliced).
 
     The block's logits are all a step reads: at LLaDA's V = 126k the head over the whole sequence
     would be most of the call's memory."""
     inner = getattr(_unwrapped(model), "module", _unwrapped(model))  # DDP
+    if class_range is not None and names_parameter(inner, "class_range"):
+        kwargs["class_range"], class_range = class_range, None  # the model computes those ids alone
     if names_parameter(inner, "logits_to_keep"):
         out = _call(model, ids, logits_to_keep=keep, **kwargs)
-        return out, out.logits
-    out = _call(model, ids, **kwargs)
-    if isinstance(keep, Tensor):
-        return out, out.logits[:, keep]
-    return out, out.logits[:, out.logits.shape[1] - keep:]
+        logits = out.logits
+    else:
+        out = _call(model, ids, **kwargs)
+        logits = out.logits[:, keep] if isinstance(keep, Tensor) else out.logits[:, out.logits.shape[1] - keep:]
+    return out, logits if class_range is None else logits[..., class_range[0]:class_range[1]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -267,21 +271,22 @@ class FullForward:
     """No cache, full attention: [prompt, completion] of every row every step (the reference)."""
 
     def __init__(self, model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *, cfg_scale: float,
-                 mask_id: int):
+                 mask_id: int, class_range: tuple[int, int] | None = None):
         self.model, self.prompt_ids, self.prompt_mask = model, prompt_ids, prompt_mask
-        self.cfg_scale, self.mask_id = cfg_scale, mask_id
+        self.cfg_scale, self.mask_id, self.class_range = cfg_scale, mask_id, class_range
         self.forward_tokens = 0  # rows x tokens fed to the model, summed over calls
 
     def begin_block(self, start: int, end: int) -> None:
         self.start, self.end = start, end
 
     def block_logits(self, step: int, completion: Tensor) -> Tensor:
-        """completion [B, W] -> the (guided) logits of the block [B, end - start, V]."""
+        """completion [B, W] -> the (guided) logits of the block [B, end - start, V] (b - a ids: class_range)."""
         _begin_step(self.model)
         rows_fed = completion.shape[0] * (2 if self.cfg_scale > 0 else 1)
         self.forward_tokens += rows_fed * (self.prompt_ids.shape[1] + completion.shape[1])
         return completion_logits(self.model, self.prompt_ids, self.prompt_mask, completion, cfg_scale=self.cfg_scale,
-                                 mask_id=self.mask_id, window=(self.start, self.end))  # [B, W_block, V]
+                                 mask_id=self.mask_id, window=(self.start, self.end),
+                                 class_range=self.class_range)  # [B, W_block, V]
 
 
 class ApproxBlockCache:
@@ -293,9 +298,9 @@ class ApproxBlockCache:
     """
 
     def __init__(self, model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *, cfg_scale: float,
-                 mask_id: int, dual: bool):
+                 mask_id: int, dual: bool, class_range: tuple[int, int] | None = None):
         self.model, self.prompt_ids, self.prompt_mask = model, prompt_ids, prompt_mask
-        self.cfg_scale, self.mask_id, self.dual = cfg_scale, mask_id, dual
+        self.cfg_scale, self.mask_id, self.dual, self.class_range = cfg_scale, mask_id, dual, class_range
         self.context = 1 if getattr(model, "logits_shifted", False) else 0
         # No prompt mask (the sampler drops an all-ones one): every key is real, so no call passes a
         # mask and the model keeps its unmasked attention kernel; positions are then the default ones.
@@ -330,7 +335,7 @@ class ApproxBlockCache:
         T = ids.shape[1]
         a = P + s - self.context  # first fed position of the later steps; the prefix is [0, a)
         if self.past_len is None:  # the block's first step: the whole sequence, keep its cache
-            out, block = _call_keep(self.model, ids, torch.arange(P + s, P + e, device=ids.device),
+            out, block = _call_keep(self.model, ids, torch.arange(P + s, P + e, device=ids.device), self.class_range,
                                     attention_mask=given(valid), use_cache=True)
             self.cached_tokens += ids.numel()
             layers = cache_layers(getattr(out, "past_key_values", None))
@@ -349,10 +354,12 @@ class ApproxBlockCache:
         c = self.context
         if not self.dual:  # the block and the suffix attend to the cached prefix
             _, block = _call_keep(self.model, ids[:, a:], torch.arange(c, c + e - s, device=ids.device),
-                                  attention_mask=given(valid), past_key_values=past, use_cache=False)
+                                  self.class_range, attention_mask=given(valid), past_key_values=past,
+                                  use_cache=False)
             self.cached_tokens += ids[:, a:].numel()
         else:  # only the block (after the context token): the last e - s fed positions
-            _, block = _call_keep(self.model, ids[:, a:P + e], e - s, attention_mask=given(self.order),
+            _, block = _call_keep(self.model, ids[:, a:P + e], e - s, self.class_range,
+                                  attention_mask=given(self.order),
                                   position_ids=self.positions[:, a:P + e], past_key_values=past, use_cache=False)
             self.cached_tokens += ids[:, a:P + e].numel()
         return inp.guide(block)
@@ -360,7 +367,7 @@ class ApproxBlockCache:
     def _give_up(self, why: str, start: int, end: int) -> None:
         _warn_once(self.model, why)
         self.fallback = FullForward(self.model, self.prompt_ids, self.prompt_mask, cfg_scale=self.cfg_scale,
-                                    mask_id=self.mask_id)
+                                    mask_id=self.mask_id, class_range=self.class_range)
         self.fallback.begin_block(start, end)
 
 
@@ -372,9 +379,10 @@ class BlockCausalForward:
     """
 
     def __init__(self, model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *, cfg_scale: float,
-                 mask_id: int, block_size: int, gen_length: int, slots: Tensor | None = None):
+                 mask_id: int, block_size: int, gen_length: int, slots: Tensor | None = None,
+                 class_range: tuple[int, int] | None = None):
         self.model, self.prompt_ids, self.prompt_mask = model, prompt_ids, prompt_mask
-        self.cfg_scale, self.mask_id = cfg_scale, mask_id
+        self.cfg_scale, self.mask_id, self.class_range = cfg_scale, mask_id, class_range
         self.block_size, self.gen_length, self.slots = block_size, gen_length, slots
         # The first window re-feeds the prompt's last tokens when some row's prompt ends inside a block.
         self.tail = 0 if slots is None else int(slots.int().argmax(dim=1).max())  # the largest offset
@@ -392,7 +400,7 @@ class BlockCausalForward:
         ids = self.inputs.ids(completion)
         P = self.inputs.P
         _, block = _call_keep(self.model, ids, torch.arange(P + self.start, P + self.end, device=ids.device),
-                              attention_mask=self.attend, position_ids=self.positions)
+                              self.class_range, attention_mask=self.attend, position_ids=self.positions)
         self.forward_tokens += ids.numel()
         return self.inputs.guide(block)
 
@@ -423,7 +431,8 @@ class ExactBlockCache(BlockCausalForward):
         lo = self.cached if step == 0 else a  # first fed position
         past = None if lo == 0 else as_model_cache(self.kv.view(lo), self.like)
         want_cache = True if step == 0 else None  # None: not passed at all
-        out, block = _call_keep(self.model, ids[:, lo:P + e], e - s, attention_mask=self.attend[:, lo:P + e, :P + e],
+        out, block = _call_keep(self.model, ids[:, lo:P + e], e - s, self.class_range,
+                                attention_mask=self.attend[:, lo:P + e, :P + e],
                                 position_ids=self.positions[:, lo:P + e], past_key_values=past, use_cache=want_cache)
         self.forward_tokens += ids[:, lo:P + e].numel()
         if step == 0:
@@ -440,13 +449,14 @@ class ExactBlockCache(BlockCausalForward):
 
 def block_forward(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *, cache: str, block_length: int,
                   gen_length: int, cfg_scale: float, mask_id: int, slots: Tensor | None = None,
-                  compile: bool = False):
+                  compile: bool = False, class_range: tuple[int, int] | None = None):
     """The strategy for `cache` (none | prefix | dual | auto) and the model's attention (module doc);
     compile=True runs its model calls under torch.compile ("Compiled steps" in the module doc).
+    class_range (a, b): every step's logits are those of ids [a, b) only (an image model's codebook).
 
     The settings were checked by ddrl.sampling.checks.check_sampler (the cache choice; prefix/dual on a
     block-causal model need sampler blocks of whole model blocks); "auto" on unaligned blocks runs uncached."""
-    common = dict(cfg_scale=cfg_scale, mask_id=mask_id)
+    common = dict(cfg_scale=cfg_scale, mask_id=mask_id, class_range=class_range)
     block_size = getattr(model, "block_size", None)
     if getattr(model, "completion_suffix", None) or getattr(model, "cfg_unconditional_prompt", None) is not None:
         if block_size or cache not in ("none", "auto"):  # its suffix / guidance prompt live in completion_logits

@@ -51,7 +51,13 @@ masked token independently appears with probability (k_t - k_s) / k_t at each st
 step fills every remaining mask. rollout.rng=released (image completions only) draws the appearance
 and the token together as MaskGRPO's image rollouts do, so that a seed gives their tokens
 (ddrl.sampling.released; it replaces (b): one stream per chunk of rows, torch.multinomial's host
-check each step).
+check each step). On an image model (utils.codebook_range: a text-to-image MMaDA) the emerge sampler asks
+the model for the codebook's logits only ([B, W, C] through class_range, C = 8,192 of MMaDA-8B's 134,656
+ids: no [B, W, V] logits and suppressed copy, twice under guidance) and returns vocabulary ids. A seed's
+tokens are those of full-vocabulary logits: every other id's logit is SUPPRESSED_LOGIT there, whose
+exponential is 0 in float32, so the softmax is the same; ddrl's layout still draws its Gumbel uniforms
+over [B, W, V] (its noise is keyed per chunk, block and step over that shape: a [B, W, C] draw would be
+another stream, other tokens) and reads them at the codebook's ids.
 
 **"block"** (SDAR/TraDo block diffusion; docs/diffusion.md#block-diffusion): the masked sampler
 with block_length = model.block_size for block-causal models, threshold decoding when
@@ -116,7 +122,7 @@ from ddrl.sampling.released import ReleasedEmergeRule
 from ddrl.sampling.sdar import tempered_confidence
 from ddrl.sampling.trajectory import ProbRecorder, take_positions
 from ddrl.types import COMMIT_ORDER
-from ddrl.sampling.utils import NOISE_DTYPES, StepNoise, chosen_probability, gumbel_argmax
+from ddrl.sampling.utils import NOISE_DTYPES, StepNoise, chosen_probability, codebook_range, gumbel_argmax
 from ddrl.types import Trajectory
 
 if TYPE_CHECKING:  # sampling imports only torch at run time (docs/architecture.md#dependency-direction)
@@ -146,6 +152,10 @@ class _Settings:
     top_k: int = 0  # sdar_dynamic: top-k filter of the token distribution (0 = off)
     top_p: float = 1.0  # sdar_dynamic: nucleus filter (1 = off)
     noise_dtype: torch.dtype = torch.float32  # the uniforms' dtype (utils.StepNoise)
+    # The vocabulary ids [lo, hi) the model is asked for (the emerge sampler on an image model: its codebook,
+    # utils.codebook_range); None = every id. vocab: the width the Gumbel uniforms are drawn over (module doc).
+    classes: tuple[int, int] | None = None
+    vocab: int | None = None
 
 
 @torch.no_grad()
@@ -164,13 +174,14 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule: Commit
     own = None if offsets is None else completion_slots(offsets, gen_length, width)  # [B, W] the row's L tokens
     forward = block_forward(model, prompt_ids, prompt_mask, cache=cache, block_length=block_length,
                             gen_length=width, cfg_scale=settings.cfg_scale, mask_id=settings.mask_id, slots=slots,
-                            compile=compile)
+                            compile=compile, class_range=settings.classes)
     completion = torch.full((B, width), settings.mask_id, dtype=torch.long, device=device)  # [B, W]
     commit_step = torch.full((B, width), -1, dtype=torch.long, device=device)  # [B, W]
     empty = torch.zeros_like(completion, dtype=torch.bool) if slots is None else ~slots  # never committed
     running = torch.ones(B, dtype=torch.bool, device=device)  # False once early exit filled the row
     noise = None if settings.generator is None else StepNoise(settings.generator, B, device, settings.noise_dtype)
-    recorder = ProbRecorder(token_probs=record != COMMIT_ORDER) if record else None
+    recorder = ProbRecorder(token_probs=record != COMMIT_ORDER,
+                            offset=None if settings.classes is None else settings.classes[0]) if record else None
     nfe = 0
     for start in range(0, width, block_length):
         end = min(start + block_length, width)
@@ -184,7 +195,7 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, rule: Commit
         while rule.more_steps(step, masked := _still_masked(completion, empty, start, end, settings.mask_id)):
             if noise is not None:
                 noise.begin_step(start, step)
-            logits = forward.block_logits(step, completion)  # [B, W, V]
+            logits = forward.block_logits(step, completion)  # [B, W, V] (the codebook's C: settings.classes)
             window, committed = _step(logits, completion[:, start:end], masked, rule, step, settings, noise,
                                       recorder, running if stop_ids else None)
             completion[:, start:end] = window
@@ -244,9 +255,11 @@ def completion_slots(offsets: Tensor, gen_length: int, width: int) -> Tensor:
 def _step(logits: Tensor, window: Tensor, masked: Tensor, rule: CommitRule, step: int, settings: _Settings,
           noise: StepNoise | None, recorder: ProbRecorder | None, running: Tensor | None) -> tuple[Tensor, Tensor]:
     """The block's logits [B, W, V], tokens [B, W] and still-masked slots [B, W] -> (new tokens [B, W],
-    committed this step [B, W]). running [B] bool: rows early exit has not filled (None = all)."""
+    committed this step [B, W]). running [B] bool: rows early exit has not filled (None = all).
+    With settings.classes (lo, hi) the logits are ids [lo, hi) only, [B, W, hi - lo] (the emerge
+    sampler on an image model); the tokens are vocabulary ids either way."""
     s = settings
-    if not 0 <= s.mask_id < logits.shape[-1]:
+    if s.classes is None and not 0 <= s.mask_id < logits.shape[-1]:
         raise ValueError(f"mask_id={s.mask_id} is outside the model's vocabulary [0, {logits.shape[-1]}); "
                          f"pass the model's mask token id (model.mask_token_id)")
     if isinstance(rule, ReleasedEmergeRule):  # rollout.rng=released: one draw gives the token and whether it appears
@@ -255,9 +268,13 @@ def _step(logits: Tensor, window: Tensor, masked: Tensor, rule: CommitRule, step
         if recorder is not None:
             recorder.add_step(logits, rule.step_time(step), running)
         return torch.where(committed, x0, window), committed
-    uniforms = noise(*logits.shape[1:]) if s.temperature > 0 else None  # [B, W, V], on the logits' device
+    # [B, W, V] uniforms on the logits' device, over every vocabulary id even when the logits are the
+    # codebook's: the noise stream, and so a seed's tokens, stay those of a full-vocabulary draw (module doc)
+    uniforms = noise(logits.shape[1], s.vocab or logits.shape[-1]) if s.temperature > 0 else None
     if s.remasking == "sdar_dynamic":  # SDAR's candidate and confidence: the filtered, tempered softmax
         x0, sdar_confidence = tempered_confidence(logits, s.temperature, s.top_k, s.top_p, uniforms=uniforms)
+    elif s.classes is not None:  # the codebook's logits; the draw's index + lo is the vocabulary id
+        x0 = gumbel_argmax(logits, s.temperature, uniforms, consume=True, offset=s.classes[0]) + s.classes[0]
     else:
         x0 = gumbel_argmax(logits, s.temperature, uniforms, consume=True)  # [B, W]
     confidence = None
@@ -327,10 +344,12 @@ def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *, sam
     else:
         check_generator_given(generator, cfg.temperature > 0 or cfg.remasking == "random",
                               f"{p}temperature > 0 or {p}remasking='random'")
+    classes = codebook_range(model) if sampler == "emerge" else None  # an image model's codes only (module doc)
     settings = _Settings(float(cfg.temperature), float(cfg.cfg_scale),
                          "low_confidence" if sampler == "emerge" else cfg.remasking, mask_id, generator,
                          getattr(cfg, "top_k", None) or 0, getattr(cfg, "top_p", None) or 1.0,
-                         NOISE_DTYPES[getattr(cfg, "noise_dtype", None) or "float32"])
+                         NOISE_DTYPES[getattr(cfg, "noise_dtype", None) or "float32"], classes,
+                         None if classes is None else int(_model_attr(model, "vocab_size")))
     mask = None if prompt_mask is None else prompt_mask.bool()
     if mask is not None and bool(mask.all()):  # one read per call: then no step passes an all-ones mask,
         mask = None  # and the model runs its unmasked attention (SDPA's fastest kernel), as the reference

@@ -16,6 +16,9 @@ same); the re-masking rule itself is theirs, exactly (tests/unit/test_mmada_t2i_
 their uniforms injected). `rollout.temperature` is tau, the annealed Gumbel temperature (MMaDA's
 `temperature`, 1.0 as released); the codes are drawn at temperature 1, as theirs. The prompt layout,
 its completion suffix and the guidance input are the model's (ddrl.sampling.utils.completion_logits).
+An image model (utils.codebook_range) is asked for the codebook's logits only (class_range: no
+[B, L, V] logits and suppressed copy, twice under guidance); the numbers are the slice's, and the
+draws were always over the N codes, so a seed gives the same tokens.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from torch import Tensor
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput, model_mask_id
 from ddrl.sampling.checks import check_generator_given, check_prompts
-from ddrl.sampling.utils import StepNoise, completion_logits, gumbel_argmax
+from ddrl.sampling.utils import StepNoise, codebook_range, completion_logits, gumbel_argmax
 
 if TYPE_CHECKING:
     from ddrl.config import SamplerConfig
@@ -62,7 +65,8 @@ def sample_maskgit(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: S
         raise ValueError(f"rollout.steps={steps} and rollout.gen_length={L} must be >= 1")
     mask_id = model_mask_id(model)
     B, device = prompt_ids.shape[0], prompt_ids.device
-    lo, hi = getattr(model, "logits_range", None) or (0, model.vocab_size)  # the codebook's ids
+    codes = codebook_range(model)  # an image model is asked for its codebook's logits only
+    lo, hi = codes or getattr(model, "logits_range", None) or (0, model.vocab_size)  # the codebook's ids
     noise = StepNoise(generator, B, device)
     mask = None if prompt_mask is None else prompt_mask.bool()
     completion = torch.full((B, L), mask_id, dtype=torch.long, device=device)  # [B, L] vocabulary ids
@@ -71,7 +75,8 @@ def sample_maskgit(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: S
     for step in range(steps):
         noise.begin_step(0, step)
         logits = completion_logits(model, prompt_ids, mask, completion, cfg_scale=float(cfg.cfg_scale),
-                                   mask_id=mask_id)[..., lo:hi].float()  # [B, L, N]
+                                   mask_id=mask_id, class_range=codes)  # [B, L, N], or [B, L, V] without codes
+        logits = (logits if codes else logits[..., lo:hi]).float()  # [B, L, N]
         probs = logits.softmax(dim=-1)
         unknown = completion == mask_id  # [B, L]
         draw = gumbel_argmax(logits, 1.0, noise(L, hi - lo), consume=True) + lo  # x ~ p

@@ -8,7 +8,8 @@ MaskGRPO's image rollouts do (martian422/MaskGRPO @ b74ba3c, grpo/mask_grpo_trai
 (tests/unit/test_emerge_released.py against tests/fixtures/methods/make_maskgrpo_emerge.py). With T steps
 and C image codes, at step s:
 
-    p = softmax(z)  over the C codes (the model's logits_range), in the logits' dtype
+    p = softmax(z)  over the C codes (the model's logits_range; the model computes those logits only), in the
+                    logits' dtype
     s < T-1:  q = [p * (k_t - k_s) / k_t,  k_s / k_t]     C + 1 classes, the last one "stays masked";
               k(tau) = cos(pi tau / 2), k_t = k(s/T), k_s = k((s+1)/T), as float32 0-dim tensors
               computed as theirs; the concatenation makes q float32 under bf16 logits, as theirs
@@ -47,6 +48,7 @@ import torch
 from torch import Tensor
 
 from ddrl.processes.draws import row_chunks
+from ddrl.sampling.utils import codebook_range
 
 RNG_LAYOUTS = ("ddrl", "released")  # rollout.rng
 RELEASED = "released"
@@ -98,10 +100,14 @@ class ReleasedEmergeRule:
 
     def draw(self, step: int, logits: Tensor, masked: Tensor, temperature: float,
              generator: Any) -> tuple[Tensor, Tensor]:
-        """logits [B, W, V], masked [B, W] -> (tokens [B, W] vocabulary ids, committed [B, W] bool)."""
+        """logits [B, W, C] of the codes (the sampler asks the model for those only), masked [B, W] ->
+        (tokens [B, W] vocabulary ids, committed [B, W] bool)."""
         lo, hi = self.codes
         C, T = hi - lo, self.steps_per_block
-        p = code_probabilities(logits[..., lo:hi], temperature)  # [B, W, C]
+        if logits.shape[-1] != C:
+            raise ValueError(f"the released emerge draw takes the logits of the {C} image codes [{lo}, {hi}), "
+                             f"got {logits.shape[-1]} columns")
+        p = code_probabilities(logits, temperature)  # [B, W, C]
         if step == T - 1:
             return multinomial_rows(p, generator) + lo, masked
         k_t, k_s = released_pace(step, T), released_pace(step + 1, T)
@@ -117,11 +123,11 @@ def check_released_model(model: Any, key: str = "rollout") -> tuple[int, int]:
     """The image codes [lo, hi) of a model whose completions are image codes (its logits_range is its
     image_token_range: MMaDA loaded with a vq_path); anything else is refused (module doc)."""
     p = f"{key}." if key else ""
-    codes = getattr(model, "logits_range", None)
-    if codes is None or tuple(codes) != tuple(getattr(model, "image_token_range", None) or ()):
+    codes = codebook_range(model)
+    if codes is None:
         family = getattr(model, "family", None) or "this"
         raise ValueError(f"{p}rng='released' reproduces MaskGRPO's text-to-image rollouts (t2i_generate_emerge: "
                          f"image-code completions), but this {family} model completes text; their text rollouts "
                          f"use LLaDA's sampler and their text emerge is another rule. Set {p}rng=ddrl (or load "
                          f"MMaDA with model.vq_path to generate images)")
-    return int(codes[0]), int(codes[1])
+    return codes

@@ -40,10 +40,12 @@ from ddrl.types import Trajectory
 
 class ProbRecorder:
     """Keeps the current block's per-step distributions until its final tokens are known (module doc);
-    with token_probs=False only the step times (commit_step is the sampler's own)."""
+    with token_probs=False only the step times (commit_step is the sampler's own). offset: None when
+    the logits it is given cover the vocabulary, else their first id (an image model's codebook
+    [offset, offset + C): the emerge sampler's logits are those ids only; any other id has probability 0)."""
 
-    def __init__(self, token_probs: bool = True) -> None:
-        self.token_probs = token_probs
+    def __init__(self, token_probs: bool = True, offset: int | None = None) -> None:
+        self.token_probs, self.offset = token_probs, offset
         self.buffer: list[Tensor] = []  # per step of the current block: [B, W, V] float32
         self.blocks: list[tuple[int, int, Tensor]] = []  # (first slot, first step, [B, n, W])
         self.times: list[float | None] = []
@@ -66,7 +68,12 @@ class ProbRecorder:
         if not self.buffer:
             return
         index = final[..., None]  # [B, W, 1]
-        gathered = torch.stack([p.gather(-1, index).squeeze(-1) for p in self.buffer], dim=1)  # [B, n, W]
+        if self.offset is not None:  # columns of the codebook's distributions; an id outside them has probability 0
+            index = index - self.offset
+            inside = (index >= 0) & (index < self.buffer[0].shape[-1])
+            gathered = torch.stack([_probability(p, index, inside) for p in self.buffer], dim=1)  # [B, n, W]
+        else:
+            gathered = torch.stack([p.gather(-1, index).squeeze(-1) for p in self.buffer], dim=1)  # [B, n, W]
         self.blocks.append((start, first_step, gathered))
         self.buffer = []
 
@@ -87,6 +94,13 @@ class ProbRecorder:
         after_commit = (steps > commit_step[:, None, :]) & (commit_step >= 0)[:, None, :]  # [B, S, L]
         probs = torch.where(after_commit, at_commit, probs)
         return Trajectory(commit_step=commit_step, token_probs=probs, states=None, step_times=times)
+
+
+def _probability(probs: Tensor, index: Tensor, inside: Tensor) -> Tensor:
+    """probs [B, W, K] at columns index [B, W, 1] -> [B, W]; 0 where not inside (NaN stays NaN: a row
+    early exit filled records NaN whatever its token)."""
+    got = probs.gather(-1, index.clamp(0, probs.shape[-1] - 1))
+    return torch.where(inside, got, got * 0).squeeze(-1)
 
 
 def take_positions(trajectory: Trajectory, take: Tensor) -> Trajectory:

@@ -90,12 +90,20 @@ class StepNoise:
         return out
 
 
-def gumbel_argmax(logits: Tensor, temperature: float, uniforms: Tensor | None, *, consume: bool = False) -> Tensor:
+def gumbel_argmax(logits: Tensor, temperature: float, uniforms: Tensor | None, *, consume: bool = False,
+                  offset: int | None = None) -> Tensor:
     """A draw from softmax(logits / temperature) by the Gumbel-max trick; argmax when temperature is 0.
 
     logits [..., V], uniforms [..., V] in [0, 1) (ignored at temperature 0) -> [...] long. Computed
     in the uniforms' dtype; consume=True overwrites `uniforms` in place instead of allocating the
     scores (the samplers' per-step draw, [B, W, V], is used once).
+
+    offset: the logits are those of ids [offset, offset + C) of wider uniforms [..., V'] (an image
+    model's codebook inside the V' ids the draw was keyed over: the emerge sampler keeps the noise of
+    every id so that a seed gives the tokens it gave with full-vocabulary logits). The noise is then
+    made over all V' exactly as without offset (the codebook's noise is then the same numbers bit for
+    bit; transforming the slice alone could round its unvectorised tail differently) and read at the C
+    ids; the result indexes the logits, [0, C).
 
     LLaDA's reference computes argmax(exp(logits) / (-log U)^temperature) in float64. Its log,
     argmax(logits - temperature * log(-log U)), picks the same token from the same U without
@@ -103,10 +111,19 @@ def gumbel_argmax(logits: Tensor, temperature: float, uniforms: Tensor | None, *
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
-    if uniforms is None or uniforms.shape != logits.shape:
-        raise ValueError(f"uniforms must have the logits' shape {list(logits.shape)} when temperature > 0")
+    C = logits.shape[-1]
+    lo, hi = (0, C) if offset is None else (offset, offset + C)
+    if uniforms is None or uniforms.shape[:-1] != logits.shape[:-1] or not (
+            uniforms.shape[-1] == C if offset is None else 0 <= lo and hi <= uniforms.shape[-1]):
+        raise ValueError(f"uniforms must have the logits' shape {list(logits.shape)} when temperature > 0"
+                         + ("" if offset is None else f", or cover ids [{lo}, {hi}) of the last dim"))
     scores = uniforms if consume else uniforms.clone()
     scores.log_().neg_().log_().mul_(-temperature)  # -temperature * log(-log U): tempered Gumbel noise
+    return _add_argmax(scores if offset is None else scores[..., lo:hi], logits)
+
+
+def _add_argmax(scores: Tensor, logits: Tensor) -> Tensor:
+    """argmax(scores + logits) over the last dim, the sum written into scores (gumbel_argmax's)."""
     same = torch.promote_types(logits.dtype, scores.dtype) == scores.dtype
     return scores.add_(logits if same else logits.to(scores.dtype)).argmax(dim=-1)
 
@@ -161,8 +178,21 @@ def unconditional_prompt(model, prompt_ids: Tensor, real: Tensor, mask_id: int) 
     return row.expand(A, P), valid.expand(A, P)
 
 
+def codebook_range(model) -> tuple[int, int] | None:
+    """The vocabulary ids [lo, hi) of an image model's codes, when its completions are image codes (its
+    logits_range is its image_token_range: a text-to-image MMaDA, URSA), else None. The image samplers
+    ask such a model for those logits only (completion_logits' class_range: 8,192 of MMaDA-8B's 134,656
+    ids); every other id's logit is suppressed there, so its probability is 0 and it is never drawn."""
+    codes = getattr(model, "logits_range", None)
+    image = getattr(model, "image_token_range", None)
+    if codes is None or image is None or tuple(codes) != tuple(image):
+        return None
+    return int(codes[0]), int(codes[1])
+
+
 def completion_logits(model, prompt_ids: Tensor, prompt_mask: Tensor | None, completion: Tensor, *,
-                      cfg_scale: float, mask_id: int, window: tuple[int, int] | None = None) -> Tensor:
+                      cfg_scale: float, mask_id: int, window: tuple[int, int] | None = None,
+                      class_range: tuple[int, int] | None = None) -> Tensor:
     """One model call on [prompt, completion]; returns the logits of the completion positions [A, L, V].
 
     prompt_ids [A, P] (left-padded), prompt_mask [A, P] bool (True on real tokens) or None (no mask
@@ -172,6 +202,8 @@ def completion_logits(model, prompt_ids: Tensor, prompt_mask: Tensor | None, com
     of 2A rows; the unconditional input has every real prompt token replaced by mask_id (padding is
     left as it is, the attention mask hides it), or is the model's own unconditional prompt
     (unconditional_prompt). A model's completion suffix follows the completion in every row.
+    class_range=(a, b): the logits of vocabulary ids [a, b) only, [A, L, b - a] (kept_logits' class_range:
+    a DiffusionLM's head computes those alone), guided as the full ones are.
     The logits must be aligned (position i predicts the clean token at i): DiffusionLM realigns a
     Dream backbone's shifted logits itself (ddrl.models.diffusion_lm), so the last L positions are
     read here whatever `logits_shifted` says; reading them one position earlier again would shift twice.
@@ -193,10 +225,11 @@ def completion_logits(model, prompt_ids: Tensor, prompt_mask: Tensor | None, com
             attn = torch.cat([torch.cat([real, rest], dim=1), torch.cat([uncond_real, rest], dim=1)], dim=0)
     if window is None:  # [A or 2A, L, V]: the LM head on the completion only
         keep = torch.arange(P, P + L, device=x.device) if suffix.shape[1] else L
-        logits = kept_logits(model, x, attn, logits_to_keep=keep)
+        logits = kept_logits(model, x, attn, logits_to_keep=keep, class_range=class_range)
     else:  # [A or 2A, hi - lo, V]: only completion positions [lo, hi) (a sampler's block)
         lo, hi = window
-        logits = kept_logits(model, x, attn, logits_to_keep=torch.arange(P + lo, P + hi, device=x.device))
+        logits = kept_logits(model, x, attn, logits_to_keep=torch.arange(P + lo, P + hi, device=x.device),
+                             class_range=class_range)
     if cfg_scale > 0:
         cond, uncond_logits = logits.chunk(2, dim=0)
         logits = guided_logits(cond, uncond_logits, cfg_scale)

@@ -376,6 +376,21 @@ class LLaDABackbone(LayerCheckpointing, nn.Module):
         logits = F.linear(hidden, t["wte"].weight) if self.config.weight_tying else t["ff_out"](hidden)
         return logits * (1 / math.sqrt(self.config.d_model)) if self.config.scale_logits else logits
 
+    def range_logits(self, hidden: Tensor, lo: int, hi: int) -> Tensor:
+        """hidden [..., D] -> lm_head(hidden)[..., lo:hi], computing only the head's rows [lo, hi)
+        (DiffusionLM's class_range: a text-to-image MMaDA's samplers ask for its 8,192 codes, not the
+        134,656 ids). Each logit is the same dot product as in lm_head, the rows a view of the weight;
+        a head that is not a plain Linear (a LoRA adapter on ff_out) runs whole and is sliced."""
+        t = self.model.transformer
+        if self.config.weight_tying:
+            weight, bias = t["wte"].weight, None
+        elif type(t["ff_out"]) is nn.Linear:
+            weight, bias = t["ff_out"].weight, t["ff_out"].bias
+        else:
+            return self.lm_head(hidden)[..., lo:hi]
+        logits = F.linear(hidden, weight[lo:hi], None if bias is None else bias[lo:hi])
+        return logits * (1 / math.sqrt(self.config.d_model)) if self.config.scale_logits else logits
+
     def head_linear(self) -> HeadLinear | None:
         """lm_head as one affine map for fused kernels: the tied wte or ff_out weight, LLaDA's
         scale_logits; None when ff_out is not a plain Linear (a LoRA adapter on it)."""
