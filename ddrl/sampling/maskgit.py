@@ -83,6 +83,7 @@ def sample_maskgit(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: S
         sampled = torch.where(unknown, draw, completion)
         ratio = (step + 1) / steps
         selected = probs.gather(-1, (sampled - lo)[..., None])[..., 0]
+        del logits, probs  # [B, L, N] fp32 each: not held through the next step's model call (training.memory)
         selected = torch.where(unknown, selected, torch.finfo(selected.dtype).max)
         kept = (L * torch.cos(torch.tensor(ratio) * math.pi * 0.5)).floor()  # float32, as their cosine_schedule
         mask_len = torch.full((B, 1), int(kept), device=device)

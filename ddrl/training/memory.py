@@ -21,10 +21,18 @@ under model.mixed_precision=bf16, else b)):
                    + one no-grad forward over F rows x T tokens (one layer's transient, F T (4d + 3f + x) c)
                    + the block's logits R W V (c + 12): compute dtype, then ~3 fp32 temporaries
                    (Gumbel uniforms, tempered logits, softmax); under guidance the larger of that and
-                   R W V 4c (both passes' logits, 2R rows, and two temporaries of guided_logits). The
-                   samplers draw over the whole vocabulary V, image models too (their logits_range only
-                   suppresses the ids outside the codebook); MMaDA's maskgit sampler slices the guided
-                   logits to the codebook first, so its fp32 temporaries are R W N 12 (N codes).
+                   R W V 4c (both passes' logits, 2R rows, and two temporaries of guided_logits).
+                   An image model's samplers (N codes; emerge on a model.vq_path MMaDA, maskgit) ask the
+                   model for the codebook's logits only (class_range: MMaDA's head computes N of its V
+                   rows), R W n per call, n bytes a slot at a step's peak: the call's logits N c, under
+                   guidance N (4c + 1) (the 2R rows' 2 N c, u + (w + 1)(c - u) and its masked copy, the
+                   forbidden-id mask N), emerge's previous step's logits N c on top; then the draw:
+                     maskgit   12 N: fp32 logits, softmax, uniforms (its draws were always over the codes)
+                     emerge, rollout.rng=released   N (3c + 4): logits, softmax, its scaled copy, the fp32
+                               [.., N + 1] multinomial input
+                     emerge, rng=ddrl   N c + 4 V: the Gumbel uniforms still span every id (temperature > 0),
+                               the noise stream keyed over [R, W, V] that a seed's tokens come from
+                   n is the larger of the two (tests/unit/test_memory_model.py measures them).
                    URSA's metric_path sampler: R W N 12, three fp32 [R, W, N] tensors. Its head computes
                    the codebook's logits only (class_range: no [R, W, V] tensor) and a CTMC step holds at
                    most three: process.velocity's distances (scaled in place into the softmax input),
@@ -34,7 +42,7 @@ under model.mixed_precision=bf16, else b)):
                    c - u (12 N) are no more (ddrl.sampling.metric_path's Memory)
                    + the trajectory recorder, R W S_b V 4: fp32 probabilities of every step of a block
                      (methods that read token probabilities: DPS; TraceRL records commit order only;
-                     metric_path records over the N codes, R W S N 4)
+                     an image model's samplers record over the N codes, R W S N 4)
     update         compute weights: FSDP holds ~2 gathered blocks (current + prefetch) and the root
                    (embeddings, head) in c, and one block's unsharded fp32 gradient before its
                    reduce-scatter; DDP / one process: the autocast cache P_t 2
@@ -405,17 +413,31 @@ def _rollout_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strateg
     terms = _compute_weights(strategy, shape, counts, c, bf16, whole=True)
     terms["no-grad forward (one layer)"] = F * T * (4 * d + 3 * shape.active_ffn + shape.dispatch_width) * c
     N = shape.codebook
-    if r.name == "metric_path" and N > 0:  # codebook logits only, then the CTMC step (module doc)
+    codes = N > 0 and (r.name in ("metric_path", "maskgit") or bool(getattr(cfg.model, "vq_path", None)))  # codes
+    if r.name == "metric_path" and codes:  # codebook logits only, then the CTMC step (module doc)
         terms["block logits + fp32 temporaries"] = R * W * METRIC_PATH_FP32_TENSORS * N * 4
+    elif r.name in ("emerge", "maskgit") and codes:  # codebook logits only (module doc)
+        terms["block logits + fp32 temporaries"] = R * W * _image_step_bytes(r, V, N, c)
     else:
-        sliced = r.name == "maskgit" and N > 0  # draws over the codebook only (module doc)
-        after = R * W * (V * c + (N if sliced else V) * 12)  # guided logits + fp32 temporaries
+        after = R * W * V * (c + 12)  # guided logits + fp32 temporaries
         terms["block logits + fp32 temporaries"] = max(after, R * W * V * 4 * c) if r.cfg_scale > 0 else after
     if method.needs_trajectory is True:  # COMMIT_ORDER (TraceRL) keeps [B, W] ints, no vocabulary dimension
         steps_per_block = max(1, r.steps // max(1, math.ceil(r.gen_length / W)))
-        width = N if r.name == "metric_path" and N > 0 else shape.vocab  # metric_path keeps softmax(z) per step
+        width = N if codes else shape.vocab  # an image model's samplers record softmax over the N codes per step
         terms["trajectory recorder"] = R * W * steps_per_block * width * RECORDER_BYTES
     return terms
+
+
+def _image_step_bytes(r: Any, V: int, N: int, c: int) -> int:
+    """Bytes per completion slot that the emerge and maskgit samplers of an image model hold at a step's
+    peak (module doc): the model call's codebook logits, then the step's draw."""
+    call = N * (4 * c + 1) if r.cfg_scale > 0 else N * c  # guided: 2R rows' logits, u + (w+1)(c - u), masked copy, mask
+    if r.name == "maskgit":
+        return max(call, 12 * N)  # fp32 logits, softmax, uniforms
+    call += N * c  # the emerge loop holds the previous step's logits through the call
+    if r.rng == "released":
+        return max(call, N * (3 * c + 4))  # logits, softmax, scaled copy (c each), fp32 [.., N + 1] draw input
+    return max(call, N * c + (4 * V if r.temperature > 0 else 0))  # ddrl's layout: fp32 uniforms over every id
 
 
 def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy: str, counts: Counts,

@@ -170,31 +170,43 @@ def test_moe_shape_read_from_the_tiny_llada2_checkpoint_counts_its_parameters():
 
 def test_image_rollouts_count_rows_per_sampler_call_and_guidance_rows():
     """MaskGRPO's image recipe: 1 row per sampler call (rollout.batch_rows) with its unconditional row
-    (cfg 3.5), 1,024 codes drawn over MMaDA-8B's whole 134,656-id vocabulary (emerge suppresses the
-    ids outside the codebook but does not slice), bf16 compute (c = 2). Hand-computed from the module doc."""
+    (cfg 3.5), 1,024 codes of MMaDA-8B's 8,192 (N) out of 134,656 ids (V), bf16 compute (c = 2). The
+    model computes the codes' logits only; emerge's ddrl layout still draws fp32 uniforms over all V ids
+    (the seeded stream). Hand-computed from the module doc, per slot: max(call, draw) with call = N (4c + 1)
+    guided (N c one pass), + N c for emerge (its previous step's logits), draw = N c + 4 V (emerge, ddrl
+    rng), N (3c + 4) (released rng), 12 N (maskgit). Before the codebook-only head: V (c + 12) = 14 V."""
     from ddrl.training.memory import MMADA_8B
 
     recipe = ROOT / "configs/paper/maskgrpo/t2i_mmada.yaml"
     cfg = load_config(recipe, [], RLConfig)
-    assert model_shape(cfg.model.path) is MMADA_8B and MMADA_8B.vocab == 134656
-    V, W, T, c = 134656, 1024, 256 + 1024, 2
+    assert model_shape(cfg.model.path) is MMADA_8B and MMADA_8B.vocab == 134656 and MMADA_8B.codebook == 8192
+    V, N, W, T, c = 134656, 8192, 1024, 256 + 1024, 2
     one_layer = (4 * 4096 + 3 * 12288) * c  # bytes per token of the no-grad forward's transient
+    emerge = N * c + 4 * V  # > the guided call's 9 N + 2 N
     for world, rows in ((1, 72), (8, 9)):
         rollout = estimate_memory(cfg, MMADA_8B, world).phases["rollout"]
         assert rollout["no-grad forward (one layer)"] == 2 * T * one_layer  # 1 row + its unconditional row
-        assert rollout["block logits + fp32 temporaries"] == max(W * V * (c + 12), W * V * 4 * c) == W * V * 14
+        assert rollout["block logits + fp32 temporaries"] == W * emerge == W * (16384 + 538624)  # 0.57 GB (was 1.93)
         whole = estimate_memory(load_config(recipe, ["rollout.batch_rows=null"], RLConfig), MMADA_8B, world)
         assert whole.phases["rollout"]["no-grad forward (one layer)"] == 2 * rows * T * one_layer
-        assert whole.phases["rollout"]["block logits + fp32 temporaries"] == rows * W * V * 14
+        assert whole.phases["rollout"]["block logits + fp32 temporaries"] == rows * W * emerge
     no_cfg = estimate_memory(load_config(recipe, ["rollout.cfg_scale=0", "rollout.batch_rows=3"], RLConfig),
                              MMADA_8B, 8).phases["rollout"]
     assert no_cfg["no-grad forward (one layer)"] == 3 * T * one_layer
-    assert no_cfg["block logits + fp32 temporaries"] == 3 * W * V * (c + 12)
-    # MMaDA's maskgit sampler slices the guided logits to the 8,192 codes before its fp32 temporaries
-    maskgit = estimate_memory(load_config(recipe, ["rollout.name=maskgit", "rollout.cfg_scale=0"], RLConfig),
-                              MMADA_8B, 8).phases["rollout"]
-    assert maskgit["block logits + fp32 temporaries"] == W * (V * c + 8192 * 12)
-    # on one GPU, 72 rows of logits in one call would not fit; one row a call does
+    assert no_cfg["block logits + fp32 temporaries"] == 3 * W * emerge
+    expected = {  # overrides -> bytes per slot
+        ("rollout.temperature=0",): 11 * N,  # no uniforms: the guided call, 9 N + the previous step's 2 N
+        ("rollout.rng=released",): 11 * N,  # the guided call (11 N) > the draw's N (3c + 4) = 10 N
+        ("rollout.rng=released", "rollout.cfg_scale=0"): 10 * N,
+        ("rollout.name=maskgit", "rollout.cfg_scale=0"): 12 * N,
+        ("rollout.name=maskgit",): 12 * N,  # > the guided call's 9 N
+        # a MMaDA loaded without vq_path completes text: the whole vocabulary, as before
+        ("model.vq_path=null",): max(V * (c + 12), V * 4 * c),
+    }
+    for overrides, per_slot in expected.items():
+        got = estimate_memory(load_config(recipe, list(overrides), RLConfig), MMADA_8B, 8).phases["rollout"]
+        assert got["block logits + fp32 temporaries"] == W * per_slot, overrides
+    # on one GPU, 72 rows in one call would not fit (their ~41 GB of uniforms and logits); one row a call does
     one_call = estimate_memory(load_config(recipe, ["rollout.batch_rows=null"], RLConfig), MMADA_8B, 1)
     assert estimate_memory(cfg, MMADA_8B, 1).total < 70 * GB < one_call.total
 
@@ -231,11 +243,14 @@ def test_metric_path_rollout_holds_three_fp32_codebook_tensors():
 
 class _LiveBytes:
     """Peak bytes of the tensors allocated inside the block and alive at once (a dispatch mode that
-    follows every new storage until it is freed): a CPU stand-in for torch.cuda.max_memory_allocated."""
+    follows every new storage until it is freed): a CPU stand-in for torch.cuda.max_memory_allocated.
+    An op's output that shares an input's storage (a view: a slice or transpose of a weight) is no
+    allocation."""
 
     def __enter__(self):
         import weakref
 
+        import torch
         from torch.utils._python_dispatch import TorchDispatchMode
         from torch.utils._pytree import tree_flatten
 
@@ -248,9 +263,10 @@ class _LiveBytes:
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
+                given = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
                 for t in tree_flatten(out)[0]:
                     storage = t.untyped_storage() if hasattr(t, "untyped_storage") else None
-                    if storage is None or id(storage) in live or storage.nbytes() == 0:
+                    if storage is None or id(storage) in live or id(storage) in given or storage.nbytes() == 0:
                         continue
                     live[id(storage)] = storage.nbytes()
                     state["now"] += storage.nbytes()
@@ -300,6 +316,75 @@ def test_metric_path_estimate_matches_what_the_sampler_allocates(tmp_path, words
     logits, layer = rollout["block logits + fp32 temporaries"], rollout["no-grad forward (one layer)"]
     with torch.no_grad(), _LiveBytes() as live:
         sample_metric_path(model, prompt, None, cfg.rollout, generator=torch.Generator().manual_seed(0))
+    assert logits <= live.peak <= logits + layer, (live.peak, logits, layer)  # the layer's transient: at most its term
+
+
+def _tiny_t2i_mmada(directory: Path, vocab: int, codes: int) -> Path:
+    """The MMaDA t2i fixture's tokenizer (132 ids) with a random one-layer backbone of `vocab` ids, `codes`
+    of them image codes: the shapes the memory test needs."""
+    import json
+    import shutil
+
+    import torch
+
+    from ddrl.models.native.llada import MMaDABackbone, MMaDAConfig
+
+    fixture = ROOT / "tests/fixtures/mmada_t2i/model"
+    directory.mkdir()
+    for f in fixture.iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            shutil.copy(f, directory / f.name)
+    config = json.loads((fixture / "config.json").read_text())
+    config.update(embedding_size=vocab, vocab_size=vocab, new_vocab_size=vocab, codebook_size=codes, d_model=32,
+                  n_heads=2, n_kv_heads=2, mlp_hidden_size=64, n_layers=1)
+    (directory / "config.json").write_text(json.dumps(config))
+    torch.manual_seed(0)
+    backbone = MMaDABackbone(MMaDAConfig.from_dict(config))
+    for p in backbone.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    backbone.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("sampler", ["emerge", "emerge_guided", "released_guided", "maskgit", "maskgit_guided"])
+@pytest.mark.parametrize("words,codes", [(4000, 256), (1300, 1024)], ids=["wide-vocabulary", "wide-codebook"])
+def test_image_sampler_estimate_matches_what_the_sampler_allocates(tmp_path, words, codes, sampler):
+    """The estimate's rollout terms for a tiny bf16 text-to-image MMaDA against the bytes the emerge and maskgit
+    samplers really keep alive at their peak (4 rows of an 8x8 image, 3 steps): the logits term, plus at most
+    the forward's one-layer transient, with a vocabulary 16x the codebook (4,000 ids, 256 codes: ddrl's emerge
+    layout is then its [R, W, V] uniforms) or not (1,300 ids, 1,024 codes). Measured peaks per slot, before the
+    codebook-only head / after, wide vocabulary: emerge 24.1 / 16.6 KB (guided 44.1 / 16.6), released guided
+    44.1 / 2.9, maskgit 18.2 / 3.1 (guided 38.1 / 3.1); wide codebook: emerge 7.9 / 7.3 (guided 14.4 / 11.3),
+    released guided 14.4 / 11.3, maskgit 14.9 / 12.3 (guided 20.0 / 12.3)."""
+    import torch
+
+    import ddrl.sampling  # noqa: F401  (registers the samplers)
+    from ddrl.config import SamplerConfig
+    from ddrl.data import encode_prompts
+    from ddrl.registry import SAMPLERS
+    from tests.fixtures.make_mmada_t2i_seeded import magvit_dir
+
+    import ddrl
+
+    path = _tiny_t2i_mmada(tmp_path / "mmada", words, codes)
+    model = ddrl.load_model(path, dtype="bfloat16", vq_path=magvit_dir(tmp_path / "magvit")).eval()
+    model.tokenizer.max_text_len = 4
+    name, rng = ("emerge", "released") if sampler.startswith("released") else (sampler.split("_")[0], "ddrl")
+    guided = 3.5 if sampler.endswith("guided") else 0.0
+    cfg = load_config(ROOT / "configs/paper/maskgrpo/t2i_mmada.yaml", [
+        f"model.path={path}", f"model.vq_path={tmp_path / 'magvit'}", "rollout.gen_length=64", "rollout.steps=3",
+        "rollout.batch_rows=null", "train.prompts_per_step=1", "train.group_size=4", f"rollout.name={name}",
+        f"rollout.rng={rng}", f"rollout.cfg_scale={guided}"], RLConfig)
+    shape = model_shape(str(path))
+    assert (shape.vocab, shape.codebook) == (model.vocab_size, codes)
+    ids, mask = encode_prompts(model.tokenizer, ["a"] * 4)
+    rollout = estimate_memory(cfg, shape, 1, prompt_tokens=ids.shape[1] + 1).phases["rollout"]  # + <|eoi|>
+    logits, layer = rollout["block logits + fp32 temporaries"], rollout["no-grad forward (one layer)"]
+    run = lambda: SAMPLERS.get(name)(model, ids, mask, cfg.rollout, generator=torch.Generator().manual_seed(0))  # noqa: E731
+    with torch.no_grad():
+        run()  # the backbone's RoPE table is built once, at its first call: not a sampler's allocation
+        with _LiveBytes() as live:
+            run()
     assert logits <= live.peak <= logits + layer, (live.peak, logits, layer)  # the layer's transient: at most its term
 
 
