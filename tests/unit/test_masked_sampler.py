@@ -239,6 +239,52 @@ def test_gumbel_argmax_samples_softmax_over_temperature():
     assert gumbel_argmax(logits.expand(2, 4), 0.0, None).tolist() == [3, 3]
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_a_codebook_draw_from_full_width_uniforms_is_the_full_vocabulary_draw(temperature):
+    """An image model's emerge step: logits of ids [lo, hi) only, uniforms still over all V ids (the seeded
+    stream). offset=lo reads the noise at those ids: the token is the one the full-width draw over the
+    suppressed logits picks (every other id's logit is SUPPRESSED_LOGIT), lo off the vector width on purpose."""
+    from ddrl.ops.logprobs import SUPPRESSED_LOGIT
+
+    V, lo, hi = 203, 133, 197
+    g = torch.Generator().manual_seed(3)
+    codes = 3 * torch.randn(5, 7, hi - lo, generator=g)
+    full = torch.full((5, 7, V), SUPPRESSED_LOGIT).index_copy(-1, torch.arange(lo, hi), codes)
+    u = torch.rand(5, 7, V, generator=g)
+    expected = gumbel_argmax(full, temperature, u.clone(), consume=True)
+    got = gumbel_argmax(codes, temperature, u.clone(), consume=True, offset=lo) + lo
+    assert torch.equal(got, expected) and ((got >= lo) & (got < hi)).all()
+    if temperature:
+        assert not torch.equal(got, gumbel_argmax(codes, temperature, u[..., :hi - lo].clone()) + lo)  # other noise
+        with pytest.raises(ValueError, match=r"cover ids \[150, 214\)"):
+            gumbel_argmax(codes, temperature, u, offset=150)
+
+
+def test_the_recorder_reads_codebook_probabilities_at_token_minus_offset():
+    """ProbRecorder(offset=lo) over the codebook's logits records what the full record over the suppressed
+    vocabulary records: the token's probability, 0 for an id outside the codebook, NaN for a row early exit
+    filled."""
+    from ddrl.ops.logprobs import SUPPRESSED_LOGIT
+    from ddrl.sampling.trajectory import ProbRecorder
+
+    V, lo, hi = 203, 133, 197
+    g = torch.Generator().manual_seed(4)
+    codes = [2 * torch.randn(3, 4, hi - lo, generator=g) for _ in range(2)]
+    final = torch.randint(lo, hi, (3, 4), generator=g)
+    final[0, 1] = 121  # an id outside the codebook (an EOS fill)
+    live = torch.tensor([True, True, False])
+    records = []
+    for offset, steps in ((None, [torch.full((3, 4, V), SUPPRESSED_LOGIT).index_copy(-1, torch.arange(lo, hi), z)
+                                  for z in codes]), (lo, codes)):
+        recorder = ProbRecorder(offset=offset)
+        for z in steps:
+            recorder.add_step(z, 0.5, live)
+        recorder.close_block(0, 0, final)
+        records.append(recorder.trajectory(torch.zeros(3, 4, dtype=torch.long), 2).token_probs)
+    torch.testing.assert_close(records[1], records[0], rtol=0, atol=0, equal_nan=True)
+    assert records[1][0, :, 1].eq(0).all() and records[1][2].isnan().all() and (records[1][1] > 0).all()
+
+
 # --------------------------------------------------------------------------------------------
 # Randomness, remasking, threshold decoding
 # --------------------------------------------------------------------------------------------

@@ -258,3 +258,79 @@ def test_text_to_image_task_takes_a_cleared_preset_and_refuses_a_real_one(tmp_pa
     assert get_task("text_to_image", preset=None, **args).name == "text_to_image"
     with pytest.raises(ValueError, match="no presets"):
         get_task("text_to_image", preset="d1", **args)
+
+
+# --------------------------------------------------------------------------------------------
+# The image samplers ask for the codebook's logits only (class_range)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_head_computes_the_codebook_rows_alone_bit_for_bit(tiny, monkeypatch, dtype):
+    """forward(class_range = the codebook): LLaDA's range_logits runs the head's 64 code rows, never the
+    200-row head, and the logits are the full logits' slice bit for bit (CPU), at kept positions given as a
+    count or as indices; another range is the same slice, its suppressed ids included."""
+    from ddrl.models.native.llada import LLaDABackbone
+
+    model = ddrl.load_model(tiny[0], dtype=dtype, vq_path=tiny[1]).eval()
+    ids, mask = _prompt_batch(model, ["a red cat", "dog"])
+    ids = torch.cat([ids, torch.tensor([[140, 150, model.mask_token_id, EOI]] * 2)], dim=1)
+    mask = torch.cat([mask, torch.ones(2, 4, dtype=torch.bool)], dim=1)
+    codes = model.image_token_range
+    real = LLaDABackbone.lm_head
+    with torch.no_grad():
+        for keep in (4, torch.tensor([0, 5, ids.shape[1] - 2])):
+            full = model(ids, attention_mask=mask, logits_to_keep=keep).logits
+            heads = []
+            monkeypatch.setattr(LLaDABackbone, "lm_head", lambda self, h: heads.append(h.shape) or real(self, h))
+            got = model(ids, attention_mask=mask, logits_to_keep=keep, class_range=codes).logits
+            assert not heads and got.dtype == full.dtype and torch.equal(got, full[..., codes[0]:codes[1]])
+            assert torch.equal(model(ids, attention_mask=mask, logits_to_keep=keep, class_range=(100, 160)).logits,
+                               full[..., 100:160])  # suppressed ids (text, the mask) and codes
+            monkeypatch.undo()
+
+
+def test_range_logits_of_a_tied_scaled_head_and_of_an_adapted_one():
+    """A tied (wte) head with scale_logits, and a head that is not a plain Linear (a LoRA adapter on ff_out,
+    computed whole and sliced), give lm_head's columns bit for bit."""
+    from ddrl.models.native.llada import LLaDABackbone, LLaDAConfig
+
+    fields = json.loads((FIXTURES / "llada" / "model" / "config.json").read_text())
+    hidden = torch.randn(2, 5, fields["d_model"], generator=torch.Generator().manual_seed(1))
+    for tied in (True, False):
+        backbone = LLaDABackbone(LLaDAConfig.from_dict({**fields, "weight_tying": tied, "scale_logits": True}))
+        for p in backbone.parameters():
+            torch.nn.init.normal_(p, generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            assert torch.equal(backbone.range_logits(hidden, 7, 40), backbone.lm_head(hidden)[..., 7:40])
+    t = backbone.model.transformer
+    t["ff_out"] = torch.nn.Sequential(t["ff_out"])  # not a plain Linear (as a LoRA wrapper): run whole, sliced
+    with torch.no_grad():
+        assert torch.equal(backbone.range_logits(hidden, 7, 40), backbone.lm_head(hidden)[..., 7:40])
+
+
+def test_image_samplers_never_compute_the_whole_vocabulary(t2i_model, tiny, monkeypatch):
+    """emerge (ddrl's layout and the released one, guided, with its trajectory) and maskgit never run the
+    whole head on a text-to-image MMaDA; the tokens are vocabulary ids of the codebook. A text MMaDA's
+    emerge still computes every id's logits (the text path is unchanged)."""
+    from ddrl.config import SamplerConfig
+    from ddrl.models.native.llada import LLaDABackbone
+    from ddrl.registry import SAMPLERS
+    import ddrl.sampling  # noqa: F401
+
+    real = LLaDABackbone.lm_head
+    heads = []
+    monkeypatch.setattr(LLaDABackbone, "lm_head", lambda self, h: heads.append(h.shape) or real(self, h))
+    ids, mask = _prompt_batch(t2i_model, ["a red cat", "dog"])
+    for name, rng in (("emerge", "ddrl"), ("emerge", "released"), ("maskgit", "ddrl")):
+        cfg = SamplerConfig(name=name, rng=rng, steps=3, gen_length=4, temperature=1.0, cfg_scale=1.5, cache="none")
+        out = SAMPLERS.get(name)(t2i_model, ids, mask, cfg, generator=torch.Generator().manual_seed(0),
+                                 return_trajectory=name == "emerge")
+        assert ((out.completion_ids >= 132) & (out.completion_ids < 196)).all()
+        assert out.trajectory is None or (out.trajectory.token_probs > 0).all()
+    assert not heads
+    text = ddrl.load_model(tiny[0], dtype="float32").eval()
+    SAMPLERS.get("emerge")(text, torch.tensor([[BOS, 5, 6]]), None,
+                           SamplerConfig(name="emerge", steps=2, gen_length=4, cache="none"),
+                           generator=torch.Generator().manual_seed(0))
+    assert heads  # the text MMaDA's head ran whole
