@@ -119,8 +119,9 @@ class SamplerConfig:
     # authors' tokens; ddrl.sampling.released says what it covers)
     rng: str = "ddrl"
     # rows per sampler call: the rollout (and evaluation) is cut into calls of at most this many rows,
-    # because a call holds its rows' logits, [rows, W, V] per step (twice under guidance): a 1,024-token
-    # image over MMaDA's vocabulary is ~0.5 GB of bf16 logits a row. MaskGRPO's generation_batch_size
+    # because a call holds its rows' logits, [rows, W, V] per step (twice under guidance; an image model's
+    # codebook only, but emerge's rng=ddrl still draws fp32 uniforms over all V: ~0.55 GB a row for a
+    # 1,024-token MMaDA image, ddrl.training.memory). MaskGRPO's generation_batch_size
     # ("handles OOM during rollout", 1 for text-to-image). Calls take whole prompt groups when it is at
     # least the group size (the tokens of one call); below it every row draws from its own generator,
     # seeded from its group's (ddrl.sampling.base.sample_in_chunks). None = all of a rank's rows at once
