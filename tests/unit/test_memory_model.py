@@ -293,8 +293,9 @@ def test_metric_path_estimate_matches_what_the_sampler_allocates(tmp_path, words
     sampler really keeps alive at its peak (4 rows of an 8x8 image, 3 steps): the logits term, plus at
     most the forward's one-layer transient, with a vocabulary 12x the codebook (3,000 text ids, 256
     codes: before the codebook-only head, 2 V c of full-vocabulary logits were the peak) or not (40
-    text ids, 1,024 codes), with guidance or not. Measured peaks, 4 x 64 x N x bytes: 12.7 / 12.8
-    (wide vocabulary) and 12.4 / 12.4 (wide codebook); before the in-place step 56 / 107 and 28.4 / 28.4."""
+    text ids, 1,024 codes), with guidance or not. Measured peaks, 4 x 64 x N x bytes: 12.2 / 12.3
+    (wide vocabulary) and 12.1 / 12.1 (wide codebook), weight views not counted (12.7 / 12.8 and 12.4 / 12.4
+    with them); before the in-place step 56 / 107 and 28.4 / 28.4."""
     import torch
 
     from ddrl.models.ursa import load_ursa
