@@ -119,11 +119,7 @@ def gumbel_argmax(logits: Tensor, temperature: float, uniforms: Tensor | None, *
                          + ("" if offset is None else f", or cover ids [{lo}, {hi}) of the last dim"))
     scores = uniforms if consume else uniforms.clone()
     scores.log_().neg_().log_().mul_(-temperature)  # -temperature * log(-log U): tempered Gumbel noise
-    return _add_argmax(scores if offset is None else scores[..., lo:hi], logits)
-
-
-def _add_argmax(scores: Tensor, logits: Tensor) -> Tensor:
-    """argmax(scores + logits) over the last dim, the sum written into scores (gumbel_argmax's)."""
+    scores = scores if offset is None else scores[..., lo:hi]  # [..., C]
     same = torch.promote_types(logits.dtype, scores.dtype) == scores.dtype
     return scores.add_(logits if same else logits.to(scores.dtype)).argmax(dim=-1)
 

@@ -413,10 +413,12 @@ def _rollout_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strateg
     terms = _compute_weights(strategy, shape, counts, c, bf16, whole=True)
     terms["no-grad forward (one layer)"] = F * T * (4 * d + 3 * shape.active_ffn + shape.dispatch_width) * c
     N = shape.codebook
-    codes = N > 0 and (r.name in ("metric_path", "maskgit") or bool(getattr(cfg.model, "vq_path", None)))  # codes
-    if r.name == "metric_path" and codes:  # codebook logits only, then the CTMC step (module doc)
+    # the image samplers of an image model (its completions are codes) ask for the codebook's logits only
+    codes = N > 0 and r.name in ("metric_path", "maskgit", "emerge") and (
+        r.name != "emerge" or bool(getattr(cfg.model, "vq_path", None)))
+    if codes and r.name == "metric_path":  # codebook logits only, then the CTMC step (module doc)
         terms["block logits + fp32 temporaries"] = R * W * METRIC_PATH_FP32_TENSORS * N * 4
-    elif r.name in ("emerge", "maskgit") and codes:  # codebook logits only (module doc)
+    elif codes:  # emerge / maskgit: codebook logits only, then the step's draw (module doc)
         terms["block logits + fp32 temporaries"] = R * W * _image_step_bytes(r, V, N, c)
     else:
         after = R * W * V * (c + 12)  # guided logits + fp32 temporaries
