@@ -160,6 +160,22 @@ class HPSv2Reward(ModelReward):
         return self.score_pixels(pixels, texts)
 
 
+def load_hps_weights(model: nn.Module, state: Any, source: str, arch: str) -> None:
+    """An HPS checkpoint's weights ({"state_dict": ...}, DDP's "module." prefixes allowed) into `model`,
+    which must take every one of them at its shape; anything else is an error naming what differs."""
+    if not isinstance(state, dict) or "state_dict" not in state:
+        raise ValueError(f"{source} is not an HPSv2 checkpoint: it has no 'state_dict' key (found "
+                         f"{sorted(state)[:5] if isinstance(state, dict) else type(state).__name__})")
+    weights = {k.removeprefix("module."): v for k, v in state["state_dict"].items()}  # DDP-saved copies
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    missing, unexpected = sorted(set(shapes) - set(weights)), sorted(set(weights) - set(shapes))
+    resized = sorted(k for k in set(shapes) & set(weights) if tuple(weights[k].shape) != tuple(shapes[k]))
+    if missing or unexpected or resized:
+        raise ValueError(f"{source} does not fit {arch}: missing {missing[:3]}, unexpected {unexpected[:3]}, "
+                         f"other shapes {resized[:3]}; pass the arch it was trained as (arch=; HPSv2 is ViT-H-14)")
+    model.load_state_dict(weights)  # into the float32 model, whatever the checkpoint's dtype
+
+
 def load_open_clip_hps(checkpoint: str | Path, arch: str | Path = "ViT-H-14") -> tuple[nn.Module, Any, dict]:
     """open_clip's `arch` with the weights of a local HPS checkpoint ({"state_dict": ...}), its tokenizer,
     and its preprocessing {size, mean, std}: everything of HPSv2 that open_clip builds."""
@@ -167,22 +183,11 @@ def load_open_clip_hps(checkpoint: str | Path, arch: str | Path = "ViT-H-14") ->
     if not checkpoint.is_file():
         raise FileNotFoundError(f"HPSv2 checkpoint {checkpoint} does not exist; nothing is downloaded: pass a "
                                 f"local copy of HPS_v2.1_compressed.pt (or HPS_v2_compressed.pt, from xswu/HPSv2)")
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     open_clip = import_open_clip()
     name = open_clip_arch(arch)
     model = open_clip.create_model(name, pretrained=None)  # the architecture only
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or "state_dict" not in state:
-        raise ValueError(f"{checkpoint} is not an HPSv2 checkpoint: it has no 'state_dict' key (found "
-                         f"{sorted(state)[:5] if isinstance(state, dict) else type(state).__name__})")
-    weights = {k.removeprefix("module."): v for k, v in state["state_dict"].items()}  # DDP-saved copies
-    shapes = {k: v.shape for k, v in model.state_dict().items()}
-    missing, unexpected = sorted(set(shapes) - set(weights)), sorted(set(weights) - set(shapes))
-    resized = sorted(k for k in set(shapes) & set(weights) if tuple(weights[k].shape) != tuple(shapes[k]))
-    if missing or unexpected or resized:
-        raise ValueError(f"{checkpoint} does not fit open_clip {name}: missing {missing[:3]}, unexpected "
-                         f"{unexpected[:3]}, other shapes {resized[:3]}; pass the arch it was trained as "
-                         f"(arch=; HPSv2 is ViT-H-14)")
-    model.load_state_dict(weights)  # into the float32 model, whatever the checkpoint's dtype
+    load_hps_weights(model, state, f"{checkpoint}", f"open_clip {name}")
     cfg = model.visual.preprocess_cfg
     size = cfg["size"] if isinstance(cfg["size"], int) else cfg["size"][0]
     return model.eval(), open_clip.get_tokenizer(name), {"size": int(size), "mean": cfg["mean"], "std": cfg["std"]}

@@ -176,19 +176,44 @@ def test_hpsv2_through_open_clip_gives_the_recorded_scores():
     # by up to 8e-4 (measured); the scores of different images differ by >= 0.03
     scores = [reward([""], images=image(n), caption=[c])[0] for n, c in zip(NAMES, CAPTIONS)]
     assert scores == pytest.approx(recorded.tolist(), abs=2e-3)
+    with pytest.raises(ValueError, match="open_clip has no model"):
+        hpsv2_reward(FIXTURE / "hps.pt", arch="ViT-Nonexistent")
+
+
+def _module_with(shapes: dict) -> torch.nn.Module:
+    """A module whose state_dict has exactly these dotted names and shapes (zeros): open_clip's layout
+    of the committed checkpoint, without open_clip."""
+    root = torch.nn.Module()
+    for name, shape in shapes.items():
+        *path, leaf = name.split(".")
+        node = root
+        for part in path:
+            if not hasattr(node, part):
+                node.add_module(part, torch.nn.Module())
+            node = getattr(node, part)
+        node.register_parameter(leaf, torch.nn.Parameter(torch.zeros(shape)))
+    return root
 
 
 def test_hpsv2_loads_only_a_checkpoint_that_fits(tmp_path):
-    """open_clip's loader rejects what does not fit; skips without open_clip as the test above."""
-    pytest.importorskip("open_clip")
-    config, checkpoint = FIXTURE / "TinyHPS.json", FIXTURE / "hps.pt"
-    bare = tmp_path / "bare.pt"
-    torch.save(torch.load(checkpoint, weights_only=True)["state_dict"], bare)  # weights without HPS's wrapper
+    """The committed HPS checkpoint goes into a model of its layout whole (DDP's module. prefixes too);
+    a file without HPS's state_dict wrapper, or a model it does not fit, is an error naming the cause."""
+    from ddrl.rewards.hps import load_hps_weights
+
+    state = torch.load(FIXTURE / "hps.pt", weights_only=True)
+    shapes = {k: v.shape for k, v in state["state_dict"].items()}
+    model = _module_with(shapes)
+    load_hps_weights(model, {"state_dict": {"module." + k: v for k, v in state["state_dict"].items()}}, "hps.pt", "x")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state["state_dict"][k].float()), k
     with pytest.raises(ValueError, match="no 'state_dict' key"):
-        hpsv2_reward(bare, arch=config)
-    wider = tmp_path / "Wider.json"
-    wider.write_text(json.dumps({**json.loads(config.read_text()), "embed_dim": 16}))
-    with pytest.raises(ValueError, match="does not fit open_clip Wider"):
-        hpsv2_reward(checkpoint, arch=wider)
-    with pytest.raises(ValueError, match="open_clip has no model"):
-        hpsv2_reward(checkpoint, arch="ViT-Nonexistent")
+        load_hps_weights(model, state["state_dict"], "bare.pt", "x")  # weights without HPS's wrapper
+    wider = {k: (v[0] + 1, *v[1:]) if k == next(iter(shapes)) else v for k, v in shapes.items()}
+    with pytest.raises(ValueError, match="does not fit Wider: missing \\[\\], unexpected \\[\\], other shapes"):
+        load_hps_weights(_module_with(wider), state, "hps.pt", "Wider")
+    fewer = dict(list(shapes.items())[1:])
+    with pytest.raises(ValueError, match="unexpected \\['" + next(iter(shapes))):
+        load_hps_weights(_module_with(fewer), state, "hps.pt", "Fewer")
+    missing = tmp_path / "absent.pt"
+    with pytest.raises(FileNotFoundError, match="nothing is downloaded"):
+        hpsv2_reward(missing)
