@@ -54,15 +54,17 @@ def build_image_reward(spec: str, args: dict[str, Any] | None = None, *, what: s
     else:
         factory = import_object(spec, f"{what} {spec!r}")
         if not callable(factory):
-            raise ValueError(f"{what} {spec!r} is a {type(factory).__name__}, not a function; point it at a "
+            raise ValueError(f"{what} {spec!r} is of type {type(factory).__name__}, not a function; point it at a "
                              f"reward(completions, images=..., **columns) or a factory that returns one")
         if not args:
             return factory
     try:
         reward = factory(**args)
     except TypeError as e:
-        raise ValueError(f"{what} {spec!r}: bad arguments {args}: {e}") from None
+        how = "" if spec in IMAGE_REWARDS else ("; with arguments, module:function is a factory that returns the "
+                                                 "reward, without them the function is the reward")
+        raise ValueError(f"{what} {spec!r}: bad arguments {args}: {e}{how}") from None
     if not callable(reward):
-        raise ValueError(f"{what} {spec!r} called with {args} returned a {type(reward).__name__}, not a reward "
-                         f"function; without arguments the function itself is the reward")
+        raise ValueError(f"{what} {spec!r} called with {args} returned an object of type {type(reward).__name__}, "
+                         f"not a reward function; without arguments the function itself is the reward")
     return reward

@@ -125,7 +125,7 @@ class FunctionTask(Task):
         try:
             scores = self.reward_fn(completions, **columns)
         except Exception as e:  # noqa: BLE001 - a user's reward must not crash the trainer
-            return self.failures.all_rows("raised", f"{type(e).__name__}: {e}", n)
+            return self.failures.all_rows("raised", f"raised {type(e).__name__}: {e}", n)
         try:
             scores = list(scores)
         except TypeError:

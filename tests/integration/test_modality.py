@@ -167,11 +167,11 @@ def my_rewards(tmp_path, monkeypatch):
 
 
 def t2i_overrides(tmp_path: Path, reward: str) -> list[str]:
-    train_file = tmp_path / "train.txt"
+    train_file, test_file = tmp_path / "train.txt", tmp_path / "test.txt"
     train_file.write_text("\n".join(PROMPTS) + "\n")
-    (tmp_path / "test.txt").write_text("green sea\n")
+    test_file.write_text("green sea\n")
     return ursa_overrides(tmp_path / "run", "task.name=text_to_image",
-                          f"task.args={{image_grid: [4, 4], train_path: {train_file}, test_path: {tmp_path / 'test.txt'}, "
+                          f"task.args={{image_grid: [4, 4], train_path: {train_file}, test_path: {test_file}, "
                           f"dev_fraction: 0.0, reward: {reward}}}")
 
 
