@@ -71,8 +71,8 @@ def import_object(path: str, what: str) -> Any:
     except ModuleNotFoundError as e:
         # the module (or its package) is missing, not something it imports: say where Python looks
         missing_itself = bool(e.name) and (module_name + ".").startswith(f"{e.name}.")
-        where = "; put the folder that holds it on PYTHONPATH (PYTHONPATH=. for the current one)" if missing_itself else ""
-        raise ValueError(f"{what}: cannot import {module_name!r}: {e}{where}") from None
+        hint = "; put the folder that holds it on PYTHONPATH (PYTHONPATH=. for the current one)"
+        raise ValueError(f"{what}: cannot import {module_name!r}: {e}{hint if missing_itself else ''}") from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
