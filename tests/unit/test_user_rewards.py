@@ -7,11 +7,13 @@ from __future__ import annotations
 import logging
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from ddrl.tasks.user import FunctionTask
 
+ROOT = Path(__file__).resolve().parents[2]
 ROWS = [{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": 2}]
 
 
@@ -93,7 +95,7 @@ def test_evaluation_does_not_count_an_invalid_reward_as_correct():
     """`ddrl eval` accuracy on a tiny model: an inf reward (acc=1.00 before) and a raising one score 0."""
     import ddrl
 
-    model = ddrl.load_model("checkpoints/mini_sudoku-masked")
+    model = ddrl.load_model(ROOT / "checkpoints/mini_sudoku-masked")
     rows = ddrl.tasks.get_task("mini_sudoku").test_examples(3)
     for reward_fn in (lambda c, **_: [float("inf")] * len(c), broken):
         t = FunctionTask("sudoku_bug", reward_fn, rows, rows, format="compact", gen_length=16)
