@@ -293,7 +293,7 @@ def _eval_protocol(args: argparse.Namespace, task: Any) -> int:
 def _cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from ddrl.data import decode_completions, encode_prompts, model_stop_ids, prompt_budget
+    from ddrl.data import check_modality, decode_completions, encode_prompts, model_stop_ids, prompt_budget
     from ddrl.eval.runner import default_sampler
     from ddrl.registry import SAMPLERS
     from ddrl.sampling.base import sample_in_chunks
@@ -307,6 +307,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         if getattr(model, "max_seq_len", None):
             gen_length = max(1, min(32, model.max_seq_len - len(model.tokenizer.encode(args.prompt)) - 1))
 
+    check_modality(model, _Len())  # it prints text: an image-only model is refused before sampling
     cfg = default_sampler(model, _Len(), key=FLAGS, **{k: getattr(args, k) for k in _SAMPLER_KEYS})
     check_sampler(cfg, FLAGS, block_size=getattr(model, "block_size", None) or None)  # named as flags
     max_prompt = prompt_budget(model, cfg, "--max-prompt-length", "--gen-length")
@@ -365,21 +366,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve_reward(args: argparse.Namespace) -> int:
-    import importlib
-
-    from ddrl.rewards.catalog import IMAGE_REWARDS, image_reward_factory
+    from ddrl.rewards.catalog import build_image_reward
     from ddrl.rewards.server import serve_reward
 
-    builtin = [name for name in IMAGE_REWARDS if name != "server"]  # a server of a server only adds a hop
-    kwargs = _task_kwargs(args.arg)
-    if args.reward in builtin:
-        reward = image_reward_factory(args.reward)(**kwargs)
-    elif ":" in args.reward:
-        module, name = args.reward.split(":", 1)
-        reward = getattr(importlib.import_module(module), name)
-        reward = reward(**kwargs) if kwargs else reward
-    else:
-        raise ValueError(f"--reward {args.reward!r}: use {' | '.join(builtin)} or module:function")
+    if args.reward == "server":  # a server of a server only adds a hop
+        raise ValueError("--reward server: serve the reward itself (a catalog name or module:function)")
+    reward = build_image_reward(args.reward, _task_kwargs(args.arg), what="--reward")  # as task.args.reward
     server = serve_reward(reward, args.host, args.port, name=args.reward)
     print(f"serving reward {args.reward} at {server.url} (GET /health, POST /score)", flush=True)
     try:
