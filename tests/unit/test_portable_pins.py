@@ -2,11 +2,13 @@
 (issue 32): a bit-for-bit float pin passes where it was recorded and fails on the next CPU type.
 
 torch picks its vector kernels (softmax, exp, reductions, normal draws) by the CPU's capability, and
-ATEN_CPU_CAPABILITY makes it use another set on this machine, as an AVX2-only or a pre-AVX2 CPU would.
-So every test marked `pinned` (pyproject.toml: compares numbers recorded on one machine) runs again
-here in a subprocess under ATEN_CPU_CAPABILITY=avx2 and =default: a pin that only holds on the
-developer's CPU fails on the developer's machine. The two runs go side by side, one thread each: on a machine with two free
-cores the check adds one run of the pinned tests to `make test` (1-2 minutes).
+ATEN_CPU_CAPABILITY makes it use another set on this machine, as an AVX2-only or a pre-AVX2 CPU would;
+MKL (float32/float64 matmuls) and oneDNN (bf16 matmuls) choose theirs too, capped by
+MKL_ENABLE_INSTRUCTIONS and ONEDNN_MAX_CPU_ISA. So every test marked `pinned` (pyproject.toml: compares
+numbers recorded on one machine) runs again here in a subprocess as on an AVX2 CPU and as on a pre-AVX2
+one: a pin that only holds on the developer's CPU fails on the developer's machine. The two runs go
+side by side, one thread each: on a machine with two free cores the check adds one run of the pinned
+tests to `make test` (1-2 minutes).
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ def test_the_seeded_pins_are_marked():
     assert {"tests/unit/test_ursa_seeded.py", "tests/unit/test_mmada_t2i_seeded.py"} <= set(pinned_files())
 
 
-CAPABILITIES = ("avx2", "default")
+# ATEN_CPU_CAPABILITY -> the matching caps of MKL's and oneDNN's own dispatch
+CAPABILITIES = {"avx2": dict(MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2"),
+                "default": dict(MKL_ENABLE_INSTRUCTIONS="SSE4_2", ONEDNN_MAX_CPU_ISA="SSE41")}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +45,8 @@ def runs() -> dict[str, tuple[str, subprocess.CompletedProcess]]:
     each, so on a machine with two cores or more the check costs one run's time."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "pinned", *pinned_files()]
     probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
-    envs = {c: dict(os.environ, ATEN_CPU_CAPABILITY=c, OMP_NUM_THREADS="1") for c in CAPABILITIES}
+    envs = {c: dict(os.environ, ATEN_CPU_CAPABILITY=c, OMP_NUM_THREADS="1", **libs)
+            for c, libs in CAPABILITIES.items()}
     started = {c: subprocess.Popen(cmd, cwd=ROOT, env=envs[c], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    text=True) for c in CAPABILITIES}
     out = {}
@@ -58,7 +63,7 @@ def runs() -> dict[str, tuple[str, subprocess.CompletedProcess]]:
     return out
 
 
-@pytest.mark.parametrize("capability", CAPABILITIES)
+@pytest.mark.parametrize("capability", list(CAPABILITIES))
 def test_pinned_tests_pass_under_other_cpu_kernels(runs, capability):
     used, done = runs[capability]
     assert used == capability.upper()  # torch honours the variable: the run is a real other-CPU run
