@@ -260,10 +260,13 @@ def test_a_codebook_draw_from_full_width_uniforms_is_the_full_vocabulary_draw(te
             gumbel_argmax(codes, temperature, u, offset=150)
 
 
+@pytest.mark.pinned  # re-run under avx2 and default by test_portable_pins.py
 def test_the_recorder_reads_codebook_probabilities_at_token_minus_offset():
     """ProbRecorder(offset=lo) over the codebook's logits records what the full record over the suppressed
     vocabulary records: the token's probability, 0 for an id outside the codebook, NaN for a row early exit
-    filled."""
+    filled. Two softmaxes of different widths: bit-equal under AVX512 and AVX2 kernels, but the pre-AVX2
+    kernels (ATEN_CPU_CAPABILITY=default) sum in another order: 6 of 24 entries differ, by at most
+    1.6e-7 relative. So rtol=2e-6; reading the token without the offset is off by O(1)."""
     from ddrl.ops.logprobs import SUPPRESSED_LOGIT
     from ddrl.sampling.trajectory import ProbRecorder
 
@@ -281,7 +284,7 @@ def test_the_recorder_reads_codebook_probabilities_at_token_minus_offset():
             recorder.add_step(z, 0.5, live)
         recorder.close_block(0, 0, final)
         records.append(recorder.trajectory(torch.zeros(3, 4, dtype=torch.long), 2).token_probs)
-    torch.testing.assert_close(records[1], records[0], rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(records[1], records[0], rtol=2e-6, atol=0, equal_nan=True)
     assert records[1][0, :, 1].eq(0).all() and records[1][2].isnan().all() and (records[1][1] > 0).all()
 
 

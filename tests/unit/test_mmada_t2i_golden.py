@@ -15,9 +15,14 @@ import ddrl
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "mmada_t2i"
 sys.path.insert(0, str(FIXTURE.parent))
-from magvit_weights import decoder_state, state_sha256  # noqa: E402  (shared with the fixture script)
+from magvit_weights import decoder_state, fingerprint  # noqa: E402  (shared with the fixture script)
 
 META = json.loads((FIXTURE / "golden.json").read_text())
+# Per tensor (magvit_weights.fingerprint), measured under ATEN_CPU_CAPABILITY=default against the
+# authors' side's bits (AVX512 and AVX2 draw them exactly): |sum - theirs| <= 2.7e-5 of the tensor's
+# norm, sum of squares within 2.6e-8 relative; bounds 10x that. Seed + 1 moves the sums by 0.77 of the
+# norm (median; 1e-3 at least) and the sums of squares by 7e-6 to 0.6.
+MAGVIT_SUM_TOL, MAGVIT_SUMSQ_RTOL = 3e-4, 3e-7
 G = load_file(str(FIXTURE / "golden.safetensors"))
 N_VQ, CODEBOOK = 16, 64
 
@@ -31,11 +36,21 @@ def model(tmp_path_factory):
     with torch.device("meta"):
         shapes = {k: tuple(v.shape) for k, v in MAGVITv2Decoder().state_dict().items()}
     weights = decoder_state(shapes)
-    assert state_sha256(weights) == META["magvit"]["decoder_weights_sha256"]  # the authors' side's weights
+    assert_theirs(fingerprint(weights), json.loads((FIXTURE / "magvit_fingerprint.json").read_text()))
     save_file(weights, str(vq / "pytorch_model.safetensors"))
     m = ddrl.load_model(FIXTURE / "model", dtype="float32", vq_path=vq).eval()
     m.tokenizer.max_text_len = META["max_text_len"]
     return m
+
+
+def assert_theirs(ours: dict[str, list[float]], theirs: dict[str, list[float]]) -> None:
+    """The seeded MAGVIT weights are the authors' side's up to the float32 rounding of torch.randn's
+    kernel on this CPU (golden.json's sha256 holds bit for bit on AVX2 / AVX512 only; magvit_weights)."""
+    assert sorted(ours) == sorted(theirs)
+    for name, (total, squares) in theirs.items():
+        norm = squares ** 0.5
+        assert abs(ours[name][0] - total) <= MAGVIT_SUM_TOL * norm, name
+        assert abs(ours[name][1] - squares) <= MAGVIT_SUMSQ_RTOL * squares, name
 
 
 def test_image_range_is_the_authors(model):
@@ -73,6 +88,7 @@ def test_image_logits_equal_t2i_generate(model, guidance):
 
 
 @torch.no_grad()
+@pytest.mark.pinned  # the seeded weights' check (model fixture) under other CPU kernels
 def test_magvit_pixels_equal_decode_code(model):
     codes = G["magvit_codes"].view(2, 4, 4)
     torch.testing.assert_close(model.vq_decoder(codes), G["magvit_raw"], atol=1e-4, rtol=1e-4)

@@ -83,13 +83,18 @@ def test_default_layout_is_theirs(model, row):
         assert_logits(model(ids, attention_mask=torch.ones_like(ids)).logits[0], GOLDEN[f"{row}_logits"])
 
 
+@pytest.mark.pinned  # bf16 kernels differ by CPU: re-run under avx2 and default by test_portable_pins.py
 def test_bf16_per_op_dtypes():
     """Stored bf16 weights, bf16 compute: their RMSNorm (float32 inside, weight in float32), RoPE
     (float32 angles cast to bf16) and masked SDPA, to the recorded bf16 logits.
 
-    Within one bf16 ulp at the row's largest logit: CPUs with other bf16 matmul kernels round a few
-    logits the other way (here: 2 of 3 rows bit-equal, the third at most one ulp off, mean 0.003),
-    while float32 compute (a wrong per-op dtype everywhere) is off by 0.03 on average and 0.16 at most."""
+    Their logits are those of an AVX2 CPU: under ATEN_CPU_CAPABILITY=avx2 all three rows are bit-equal.
+    Other bf16 kernels round some sums the other way: AVX512, row 0 one ulp off (mean 0.0033), rows 1-2
+    bit-equal; default (pre-AVX2), rows 0-1 up to 2.25 ulps off (0.141 at ulp 0.0625), mean 0.016-0.018,
+    row 2 bit-equal. float32 compute (a wrong per-op dtype everywhere) is off by 0.031-0.039 on average
+    and 0.16-0.23 at most. So: within 3 ulps at the row's largest logit (a sanity bound: float32's
+    largest gap is 1.8-3.1 ulps), and a mean under 0.025, which is all the margin the kernels leave
+    (1.4x the largest measured mean, 1.25x under float32's smallest)."""
     bf16 = SDARBackbone.from_pretrained(MODEL_DIR).eval()
     assert bf16.lm_head.weight.dtype == torch.bfloat16
     with torch.no_grad():
@@ -99,8 +104,8 @@ def test_bf16_per_op_dtypes():
             ref = GOLDEN[f"{row}_logits_bf16"].float()
             ulp = torch.exp2(torch.floor(torch.log2(ref.abs().max())) - 7)  # bf16 (8 significant bits) at the row's scale
             diff = (got.float() - ref).abs()
-            assert diff.max() <= ulp, f"{row}: max |diff| {diff.max():.4f} is over one bf16 ulp ({ulp:.4f})"
-            assert diff.mean() < 0.01, f"{row}: mean |diff| {diff.mean():.4f}"
+            assert diff.max() <= 3 * ulp, f"{row}: max |diff| {diff.max():.4f} is over 3 bf16 ulps ({ulp:.4f})"
+            assert diff.mean() < 0.025, f"{row}: mean |diff| {diff.mean():.4f}"
 
 
 def test_left_padded_batch_equals_unpadded_rows(model):
