@@ -60,6 +60,7 @@ from ddrl.training.logging import MetricsLogger, RunLog, eval_settings, plot_rew
 from ddrl.training.memory import check_memory
 from ddrl.training.method import Method, build_method
 from ddrl.training.preemption import PreemptionGuard
+from ddrl.training.reward_watch import DeadRewardError, RewardWatch  # noqa: F401 (DeadRewardError: the API's)
 from ddrl.training.run_dir import RunDirectory
 from ddrl.training.update_plan import UpdatePlanner, passes
 from ddrl.types import EstimatorOutput, RolloutBatch
@@ -67,10 +68,6 @@ from ddrl.types import EstimatorOutput, RolloutBatch
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
-
-
-class DeadRewardError(RuntimeError):
-    """train.max_invalid_steps rollout steps in a row whose rewards were all invalid (None/NaN)."""
 
 
 def _failed_start_leaves_nothing(init: Any) -> Any:
@@ -134,9 +131,7 @@ class Trainer:
         self.step = 0  # rollout steps done (train.steps counts these)
         self.optimizer_steps = 0  # optimizer updates done: each rollout step makes up to mu x minibatches
         self.bad_steps = 0
-        self.invalid_streak = 0  # rollout steps in a row whose rewards were all invalid (train.max_invalid_steps)
-        self.last_valid_step = 0  # the newest step with a valid reward
-        self.valid_checkpoint: int | None = None  # the newest checkpoint made with valid rewards: never rotated away
+        self.rewards = RewardWatch(t.max_invalid_steps)  # dead rewards: no update, stop, keep the valid checkpoint
         self.planner = UpdatePlanner(t, self.method, self.dist, self.device)
         self.evaluation = TrainingEvaluation(cfg, self.task, self.model, self.autocast, self.dist, self.run_dir)
         if self.run_directory.resume:
@@ -287,7 +282,7 @@ class Trainer:
                 while self.step < t.steps:
                     self.step += 1
                     metrics = self.train_step(self.step)
-                    dead = self._rewards_dead(metrics)  # the same on every rank: decided from gathered rewards
+                    dead = self.rewards.record(self.step, bool(metrics["reward/all_invalid"]))  # same on every rank
                     if t.sync_ref_every and self.step % t.sync_ref_every == 0 and self.ref_model is not None:
                         self.sync_reference()
                     logged = self.step % t.log_every == 0 or self.step == t.steps or dead
@@ -307,7 +302,7 @@ class Trainer:
                     if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps or stop or dead:
                         self.save()
                     if dead:
-                        stopped = self._dead_reward_error()
+                        stopped = self.rewards.error(self.step)
                         break
                     if stop and self.step < t.steps:
                         if self.dist.is_main:
@@ -325,29 +320,6 @@ class Trainer:
                 raise stopped
         preemption.reraise()  # Ctrl-C: the KeyboardInterrupt it would have been, now that the step is saved
         return self.run_dir
-
-    def _rewards_dead(self, metrics: dict[str, Any]) -> bool:
-        """Counts the steps in a row whose rewards were all invalid; True when there are
-        train.max_invalid_steps of them (0: never)."""
-        if not metrics.get("reward/all_invalid"):
-            self.invalid_streak, self.last_valid_step = 0, self.step
-            return False
-        self.invalid_streak += 1
-        limit = self.cfg.train.max_invalid_steps
-        return bool(limit) and self.invalid_streak >= limit
-
-    def _dead_reward_error(self) -> DeadRewardError:
-        n, valid = self.invalid_streak, self.last_valid_step
-        weights = (f"the weights after step {valid}, the last with a valid reward" if valid else
-                   "the initial weights (no step had a valid reward)")
-        kept = (f"checkpoint-{self.valid_checkpoint}, the newest made with valid rewards, is kept too"
-                if self.valid_checkpoint else "no checkpoint was made with valid rewards")
-        return DeadRewardError(
-            f"step {self.step}: all rewards of the last {n} steps ({self.step - n + 1}-{self.step}) were invalid "
-            f"(None/NaN, invalid fraction 1.0): is the reward server down (see the warnings above), or does the "
-            f"reward function raise? No optimizer step was taken on those steps, so checkpoint-{self.step} holds "
-            f"{weights}; {kept}. Fix the reward, then resume=true continues from checkpoint-{self.step} "
-            f"(train.max_invalid_steps=0 never stops)")
 
     def train_step(self, step: int) -> dict[str, Any]:
         timings: dict[str, float] = {}
@@ -615,16 +587,12 @@ class Trainer:
         """A checkpoint of the step (collective: every rank calls it). Sharded under FSDP by default
         (train.sharded_checkpoints): each rank writes its own shard, nothing is gathered. Rotation
         (train.keep_checkpoints) keeps the newest checkpoint made with valid rewards too."""
-        rewards_valid = self.last_valid_step == self.step
-        if rewards_valid:
-            self.valid_checkpoint = self.step
         state = {"step": self.step, "optimizer_steps": self.optimizer_steps, "scheduler": self.sched.state_dict(),
                  "bad_steps": self.bad_steps, "eval_history": self.evaluation.history, "data_position": self.step,
-                 "rewards_valid": rewards_valid, "last_valid_step": self.last_valid_step,
-                 "valid_checkpoint": self.valid_checkpoint}
+                 **self.rewards.checkpoint(self.step)}
         ckpt.save_training_checkpoint(self.run_dir, self.step, self.model, self.opt, state, dist=self.dist,
                                       sharded=self.sharded_checkpoints, keep=self.cfg.train.keep_checkpoints,
-                                      pinned=self.valid_checkpoint)
+                                      pinned=self.rewards.valid_checkpoint)
 
     def _resume(self) -> None:
         """The newest checkpoint that loads (a corrupt one falls back to the one before, with a warning)."""
@@ -638,9 +606,7 @@ class Trainer:
         self.bad_steps = int(state.get("bad_steps", 0))
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         self.evaluation.history = list(state.get("eval_history", []))
-        # checkpoints of an older ddrl recorded no reward validity: taken as valid
-        self.last_valid_step = int(state.get("last_valid_step", self.step))
-        self.valid_checkpoint = state.get("valid_checkpoint", self.step)
+        self.rewards.resume(state, self.step)
         if self.dist.is_main:
             print(f"resume: continuing from {path} (step {self.step} of {self.cfg.train.steps})")
 
