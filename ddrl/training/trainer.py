@@ -282,7 +282,7 @@ class Trainer:
                 while self.step < t.steps:
                     self.step += 1
                     metrics = self.train_step(self.step)
-                    dead = self.rewards.record(self.step, bool(metrics["reward/all_invalid"]))  # same on every rank
+                    dead = self.rewards.record(self.step, bool(metrics.get("reward/all_invalid")))  # same on every rank
                     if t.sync_ref_every and self.step % t.sync_ref_every == 0 and self.ref_model is not None:
                         self.sync_reference()
                     logged = self.step % t.log_every == 0 or self.step == t.steps or dead
