@@ -32,9 +32,17 @@ def keep_rows_through(path: Path, step: int) -> None:
         path.unlink()
         return
     lines = path.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    kept = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
     if len(kept) != len(lines):
         path.write_text("".join(kept))
+
+
+def _step_of(line: str) -> int | None:
+    """A row's step; None for a line cut short by a kill mid-write (dropped with the rows after it)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 class MetricsLogger:

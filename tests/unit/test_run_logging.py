@@ -1,5 +1,6 @@
-"""The reward curve's legend states how the evaluations sampled (split, temperature), read from the
-run's config: a T=1 evaluation is not "greedy"."""
+"""Run logging: the reward curve's legend states how the evaluations sampled (split, temperature),
+read from the run's config (a T=1 evaluation is not "greedy"); a resumed metrics.jsonl keeps each
+step once."""
 
 import json
 
@@ -22,3 +23,13 @@ def test_the_legend_states_the_eval_split_and_temperature(tmp_path, monkeypatch,
         legends.append([t.get_text() for t in fig.axes[0].get_legend().get_texts()]), real(fig, *a, **k))[1])
     plot_reward_curve(tmp_path / "metrics.jsonl", tmp_path / "curve.png")
     assert legends == [["reward/mean (rollouts)", label]]
+
+
+def test_a_resume_keeps_the_rows_up_to_its_step_and_drops_a_line_cut_short(tmp_path):
+    from ddrl.training.logging import MetricsLogger
+
+    rows = "".join(json.dumps({"step": s, "loss": 0.1}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "lo'
+    (tmp_path / "metrics.jsonl").write_text(rows)
+    MetricsLogger(tmp_path, tensorboard=False, start_step=2).log(3, {"loss": 0.2})
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
