@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddrl: error: {msg}", file=sys.stderr)
         return 2
     except RuntimeError as e:
-        if type(e).__name__ == "NonFiniteError":
+        if type(e).__name__ in ("NonFiniteError", "DeadRewardError"):  # the run stopped itself, and says why
             print(f"ddrl: error: {e}", file=sys.stderr)
             return 3
         raise

@@ -44,7 +44,8 @@ def run_compare(config: str, methods: list[str] | None = None, steps: int = 30,
     for seed in seeds:  # seed-major: a study cut short still has every method at its first seeds
         for method in methods:  # and every config is checked before any run starts
             overrides = [f"method.objective={method}", f"train.steps={steps}", f"seed={seed}",
-                         f"output_dir={run_dir(out, method, seed)}", *(extra_overrides or [])]
+                         f"output_dir={run_dir(out, method, seed)}", "overwrite=true",  # a stopped run starts again
+                         *(extra_overrides or [])]
             configs[method, seed] = load_config(config, overrides, RLConfig)
     done = {(r["method"], r["seed"]) for r in read_runs(out)}
     for (method, seed), cfg in configs.items():

@@ -195,9 +195,13 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # gradient clipping (0 = off)
     sync_ref_every: int = 0  # copy the policy into the reference model every N steps (0 = never)
     max_bad_steps: int = 5  # stop after this many non-finite steps in a row
+    max_invalid_steps: int = 3  # stop (an error, exit code 3) after this many rollout steps in a row whose
+    # rewards were ALL invalid (None/NaN: a reward server that is down, a reward that raises); no optimizer
+    # step is taken on such a step, and the newest checkpoint made with valid rewards is never rotated away.
+    # 0 = never stop
     log_every: int = 1  # write metrics every N steps
     save_every: int = 0  # checkpoint every N steps (0 = only at the end)
-    keep_checkpoints: int = 2  # keep the newest N checkpoints
+    keep_checkpoints: int = 2  # keep the newest N checkpoints, plus the newest made with valid rewards
     sharded_checkpoints: bool | str = "auto"  # true: each rank writes its shard (torch.distributed.checkpoint);
     # false: rank 0 writes one full model directory; auto: sharded under dist.strategy=fsdp
     tensorboard: bool = True  # also write TensorBoard events
@@ -254,7 +258,12 @@ class RLConfig:
     dist: DistConfig = field(default_factory=DistConfig)
     seed: int = 0  # every random draw derives from this
     output_dir: str = "runs/rl"  # the run directory
-    resume: bool = False  # continue from the newest complete checkpoint in output_dir
+    # true: continue from the newest complete checkpoint in output_dir (an error when there is none: a
+    # misspelt output_dir must not start over; a corrupt newest checkpoint falls back to the one before);
+    # auto: continue when there is one, else start fresh (torchrun --max-restarts); false: a new run,
+    # refused when output_dir already holds one (metrics.jsonl or checkpoints) unless overwrite=true
+    resume: bool | str = False
+    overwrite: bool = False  # a new run (resume=false) replaces the run already in output_dir
     device: str = "auto"  # auto | cpu | cuda
 
 
@@ -527,6 +536,7 @@ BF16_TRAINING = ("trainable parameters in bfloat16 learn nothing: an AdamW updat
                  "(model.lora.rank>0: peft keeps them in fp32 over a bf16 base)")
 MIXED_PRECISION = ("none", "bf16")  # model.mixed_precision (ddrl.training.distributed applies it)
 SHARDED_CHECKPOINTS = ("auto", True, False)  # train.sharded_checkpoints
+RESUME = (True, False, "auto")  # resume
 
 
 def _check_row_loss(method: Any, est_name: str) -> None:
@@ -614,6 +624,11 @@ def validate(cfg: Any) -> None:
         if t.sharded_checkpoints not in SHARDED_CHECKPOINTS:
             raise ConfigError(f"train.sharded_checkpoints={t.sharded_checkpoints!r} is not valid; choose one of: "
                               f"auto, true, false")
+        if t.max_invalid_steps < 0:
+            raise ConfigError(f"train.max_invalid_steps must be >= 0 (0 = never stop), got {t.max_invalid_steps}")
+        if cfg.resume not in RESUME:
+            raise ConfigError(f"resume={cfg.resume!r} is not valid; choose one of: true (continue, an error when "
+                              f"there is nothing to continue), auto (continue, or start fresh), false (a new run)")
         if t.prompt_pool is not None and t.prompt_pool < 1:
             raise ConfigError(f"train.prompt_pool must be >= 1 (or null for new prompts every step), got {t.prompt_pool}")
         _choice(cfg.eval.split, ("test", "dev", "train"), "eval.split")  # ddrl.tasks.base.SPLITS

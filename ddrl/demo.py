@@ -49,6 +49,7 @@ def demo_config(task: str = "mini_sudoku", method: str | None = None, steps: int
     if eval_n is not None:
         overrides += [f"eval.n={eval_n}", f"eval.report_n={eval_n}"]  # both evaluations, dev and sealed test
     overrides.append(f"output_dir={output_dir or f'runs/demo-{task}-{method}'}")
+    overrides.append("overwrite=true")  # a demo run replaces the previous demo run in its directory
     cfg = load_config(path, overrides, RLConfig)
     model_path = Path(cfg.model.path)
     if not model_path.is_absolute():

@@ -17,6 +17,13 @@ run killed mid-write leaves either the previous checkpoint or a `.checkpoint-N.t
 that is never loaded. The COMPLETE marker is written last, inside the temp directory. A sharded
 save needs a filesystem every rank sees (DCP writes one file per rank into the same directory).
 
+Rotation (train.keep_checkpoints) keeps the newest N and one more: the `pinned` step, which the
+trainer sets to its newest checkpoint made with valid rewards, so that a reward server that died
+cannot rotate away every checkpoint of the run that worked. A complete checkpoint that was damaged
+afterwards (a truncated model.safetensors, a missing or garbage trainer_state.pt) is a
+CorruptCheckpointError naming the file, checked before anything is loaded; `load_newest_training_checkpoint`
+then falls back to the one before it.
+
 Loading at scale (`load_model_on_rank0`, `wrap_from_rank0`): rank 0 alone reads the pretrained
 weights; the other ranks build the model on the meta device, and the weights reach their shards
 by broadcast after sharding (torch.distributed.checkpoint.state_dict's broadcast_from_rank0).
@@ -24,6 +31,8 @@ by broadcast after sharding (torch.distributed.checkpoint.state_dict's broadcast
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import shutil
@@ -38,10 +47,16 @@ from ddrl.models.io import (MODEL_STATE_KEY, SHARDED_STATE_DIR, is_sharded_check
                             write_weight_layout)
 from ddrl.training.distributed import DistInfo, is_sharded, wrap_model
 
+log = logging.getLogger(__name__)
+
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 COMPLETE = "COMPLETE"
 TRAINER_STATE = "trainer_state.pt"
 OPTIMIZER_STATE_KEY = "optimizer"  # next to MODEL_STATE_KEY in the sharded state
+
+
+class CorruptCheckpointError(ValueError):
+    """A complete checkpoint one of whose files cannot be read (the message names the file)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -51,8 +66,9 @@ OPTIMIZER_STATE_KEY = "optimizer"  # next to MODEL_STATE_KEY in the sharded stat
 
 def save_training_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                              trainer_state: dict[str, Any], *, dist: DistInfo, sharded: bool,
-                             keep: int | None) -> Path:
-    """Write run_dir/checkpoint-{step} and keep the newest `keep` checkpoints (None or 0: all).
+                             keep: int | None, pinned: int | None = None) -> Path:
+    """Write run_dir/checkpoint-{step} and keep the newest `keep` checkpoints (None or 0: all) and
+    checkpoint-{pinned} (the newest made with valid rewards), whatever its age.
 
     A collective: every rank calls it with its own (plain or FSDP2-sharded, unwrapped) model and
     optimizer. trainer_state is what resuming needs besides the model and optimizer (step,
@@ -67,7 +83,8 @@ def save_training_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, o
         if dist.is_main:
             try:
                 save_checkpoint(run_dir, step, GatheredModel(model, model_state),
-                                {**trainer_state, OPTIMIZER_STATE_KEY: optimizer_state}, keep=keep or 0)
+                                {**trainer_state, OPTIMIZER_STATE_KEY: optimizer_state}, keep=keep or 0,
+                                pinned=pinned)
             except BaseException as e:  # raised below, after the other ranks have heard of it
                 error = e
         _raise_on_every_rank(error, dist)
@@ -91,7 +108,7 @@ def save_training_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, o
             write_weight_layout(model, tmp)  # config, tokenizer, weight_layout.json: no weights read
             torch.save(trainer_state, tmp / TRAINER_STATE)
             _commit(tmp, final, step)
-            _prune(run_dir, keep or 0)
+            _prune(run_dir, keep or 0, pinned)
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
             error = e
@@ -99,7 +116,8 @@ def save_training_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, o
     return final
 
 
-def save_checkpoint(run_dir: Path, step: int, model: Any, trainer_state: dict[str, Any], keep: int = 2) -> Path:
+def save_checkpoint(run_dir: Path, step: int, model: Any, trainer_state: dict[str, Any], keep: int = 2,
+                    pinned: int | None = None) -> Path:
     """One process writes run_dir/checkpoint-{step}: model.save_pretrained + trainer_state.pt."""
     run_dir = Path(run_dir)
     final = run_dir / f"checkpoint-{step}"
@@ -115,7 +133,7 @@ def save_checkpoint(run_dir: Path, step: int, model: Any, trainer_state: dict[st
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _prune(run_dir, keep)
+    _prune(run_dir, keep, pinned)
     return final
 
 
@@ -152,11 +170,13 @@ def _raise_on_every_rank(error: BaseException | None, dist: DistInfo) -> None:
         raise error
 
 
-def _prune(run_dir: Path, keep: int) -> None:
+def _prune(run_dir: Path, keep: int, pinned: int | None = None) -> None:
+    """The newest `keep` checkpoints stay, and checkpoint-{pinned} however old it is."""
     if keep <= 0:
         return
     for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.name != f"checkpoint-{pinned}":
+            shutil.rmtree(old, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,7 +211,53 @@ def load_trainer_state(checkpoint: Path, *, mmap: bool = False) -> dict[str, Any
             f"checkpoint {str(checkpoint)!r} is incomplete (no {COMPLETE} marker): it was interrupted "
             f"while being written; resume from an earlier checkpoint"
         )
-    return torch.load(checkpoint / TRAINER_STATE, map_location="cpu", weights_only=False, mmap=mmap)
+    path = checkpoint / TRAINER_STATE
+    if not path.is_file():
+        raise CorruptCheckpointError(f"{str(path)!r} is missing: the checkpoint cannot be resumed")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    except Exception as e:  # truncated zip, garbage bytes, a pickle of something else
+        raise CorruptCheckpointError(f"{str(path)!r} cannot be read ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise CorruptCheckpointError(f"{str(path)!r} is not a ddrl trainer state (no step)")
+    return state
+
+
+def check_weight_files(checkpoint: Path) -> None:
+    """Every .safetensors file of the checkpoint is whole: its header parses and the file is as long
+    as the header says (a copy or a disk that ran out cuts files short). Reads headers only."""
+    for path in sorted(Path(checkpoint).glob("*.safetensors")):
+        try:
+            with path.open("rb") as f:
+                n = int.from_bytes(f.read(8), "little")  # the header's length, then the JSON header
+                header = json.loads(f.read(n))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except Exception as e:
+            raise CorruptCheckpointError(f"{str(path)!r} is not a readable safetensors file "
+                                         f"({type(e).__name__}: {e})") from None
+        size = path.stat().st_size
+        if size < 8 + n + end:
+            raise CorruptCheckpointError(f"{str(path)!r} is truncated: {size} bytes, its header needs {8 + n + end}")
+
+
+def load_newest_training_checkpoint(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                                    *, trust_remote_code: bool = False) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint of run_dir that loads (see load_training_checkpoint), and its trainer state;
+    a corrupt one is skipped with a warning naming the file; None when run_dir holds no checkpoint.
+    Every tensor is overwritten by the checkpoint that loads, so a failed try leaves nothing behind."""
+    checkpoints = list_checkpoints(run_dir)
+    problems = []
+    for path in reversed(checkpoints):
+        try:
+            return path, load_training_checkpoint(path, model, optimizer, trust_remote_code=trust_remote_code)
+        except CorruptCheckpointError as e:
+            problems.append(str(e))
+            log.warning("resume: %s; falling back to the checkpoint before it", e)
+    if problems:
+        raise CorruptCheckpointError(f"no checkpoint of {str(run_dir)!r} can be resumed: " + "; ".join(problems) +
+                                     ". Restore the files, or start a new run (resume=false with another "
+                                     "output_dir, or overwrite=true)")
+    return None
 
 
 def load_training_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
@@ -205,6 +271,7 @@ def load_training_checkpoint(path: Path, model: torch.nn.Module, optimizer: torc
     process reads it (DDP keeps a full copy per rank anyway).
     """
     path = Path(path)
+    check_weight_files(path)  # before anything is loaded into the model
     if is_sharded_checkpoint(path):
         state = load_trainer_state(path)
         load_sharded_state(path, model, optimizer)

@@ -1,4 +1,9 @@
-"""Preemption: on SIGTERM, finish the current step, write a checkpoint and exit cleanly (code 0).
+"""Preemption and Ctrl-C: on SIGTERM or SIGINT, finish the current step, write a checkpoint and stop.
+
+SIGTERM (a scheduler) stops the run cleanly: `train` returns and `ddrl train` exits 0. SIGINT (Ctrl-C at
+the terminal) stops it the same way, then raises KeyboardInterrupt (`ddrl train` exits 130, as an
+interrupted program does, so that `ddrl train ... && next` does not go on); a second Ctrl-C aborts at
+once, losing the step under way (the last checkpoint stays).
 
 SLURM and Kubernetes announce a kill with SIGTERM and send SIGKILL a grace period later (SLURM's
 KillWait, or `--signal=TERM@SECONDS` ahead of the time limit; Kubernetes'
@@ -16,6 +21,7 @@ after each step:
 reached only some of them (or reached them during different steps); the check costs one scalar
 all-reduce per step. A second SIGTERM is recorded like the first, not fatal: a scheduler may send
 one to every process of the job and a launcher forward another, and neither may cut the save short.
+A second SIGINT is a person who will not wait: it raises KeyboardInterrupt at once.
 
 Under torchrun the agent receives the signal, forwards SIGTERM to the workers and kills them 30 s
 later (SIGKILL; the 30 s is fixed in torch.distributed.elastic's close(timeout=30), no flag changes
@@ -25,7 +31,7 @@ it): a step plus the save must fit in that. At 8B a rollout step takes minutes, 
     120 s before the time limit) with one `srun` task per rank and no torchrun, each task exporting
     RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID MASTER_ADDR MASTER_PORT
     (init_distributed reads torchrun's variables); the guard then has the whole 120 s;
-  * and launch with `torchrun --max-restarts 3 ... resume=true`: workers killed mid-step or mid-save
+  * and launch with `torchrun --max-restarts 3 ... resume=auto`: workers killed mid-step or mid-save
     (the kill above, a node fault) are restarted and resume from the newest complete checkpoint
     (a checkpoint directory counts only once fully written), losing at most train.save_every steps;
   * keep saves short: under FSDP checkpoints are sharded by default (each rank writes its shard);
@@ -53,7 +59,7 @@ class PreemptionGuard:
     signal handlers) the guard installs nothing and is never requested by a signal.
     """
 
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
         self.signals = tuple(signals)
         self.received: int | None = None  # the first signal recorded, if any
         self._previous: dict[int, Any] = {}
@@ -72,9 +78,22 @@ class PreemptionGuard:
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
+            again = " (Ctrl-C again aborts at once, losing this step)" if signum == signal.SIGINT else ""
             print(f"{signal.Signals(signum).name} received: finishing this step, then writing a checkpoint and "
-                  f"exiting (resume=true continues from it)", file=sys.stderr, flush=True)
+                  f"exiting (resume=true continues from it){again}", file=sys.stderr, flush=True)
             self.received = signum
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt("second Ctrl-C: aborted without finishing the step")
+
+    @property
+    def name(self) -> str:
+        """The signal received, e.g. "SIGTERM" ("" when none was)."""
+        return "" if self.received is None else signal.Signals(self.received).name
+
+    def reraise(self) -> None:
+        """After the checkpoint: a Ctrl-C goes on as the KeyboardInterrupt it would have been."""
+        if self.received == signal.SIGINT:
+            raise KeyboardInterrupt("Ctrl-C: stopped after a checkpoint; resume=true continues from it")
 
     def requested(self, dist: DistInfo, device: torch.device) -> bool:
         """Whether any rank received a signal. A collective when several processes run: call it on

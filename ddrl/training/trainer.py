@@ -4,7 +4,9 @@ Each step, in named and timed phases:
 
     rollout    G completions for each prompt: one sampler call for all of a rank's groups (or rollout.batch_rows
                rows a call), each group drawing from its own generator (any registered sampler)
-    reward     the task's reward; None/NaN rewards are excluded from their group
+    reward     the task's reward; None/NaN rewards are excluded from their group; a step whose rewards are
+               all invalid (on every rank) makes no update, and train.max_invalid_steps of them in a row
+               stop the run (a reward server that died must not train on nothing)
     advantage  group advantages (mean / z-score / leave-one-out, optional clip)
     old, ref   likelihood proxies without grad, only when the objective declares it needs them
     update     mu inner iterations on the same rollouts, each over `minibatches` shares of the groups,
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -46,16 +49,19 @@ from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import sample_in_chunks
 from ddrl.sampling.checks import check_sampler, resolve_sampler, speed_settings
 from ddrl.training import checkpoint as ckpt
-from ddrl.training.common import (Clock, build_optimizer, build_scheduler, check_writable, derive_seed,
-                                  disable_dropout, make_generator, nanmean, pick_device)
-from ddrl.training.distributed import (DistInfo, ModelHandle, check_whole_groups, compute_context, copy_parameters,
-                                       device_memory, gathered_parameters, gradient_sync, init_distributed,
-                                       reduce_mean_dict, reshard, resolve_strategy, shard_model, wrap_model, zero_loss)
+from ddrl.training.common import (Clock, build_optimizer, build_scheduler, derive_seed, disable_dropout,
+                                  make_generator, nanmean, pick_device)
+from ddrl.training.distributed import (DistInfo, ModelHandle, all_reduce_sum, check_whole_groups, compute_context,
+                                       copy_parameters, device_memory, gathered_parameters, gradient_sync,
+                                       init_distributed, reduce_mean_dict, reshard, resolve_strategy, shard_model,
+                                       wrap_model, zero_loss)
 from ddrl.training.evaluation import TrainingEvaluation
-from ddrl.training.logging import MetricsLogger, plot_reward_curve
+from ddrl.training.logging import MetricsLogger, RunLog, eval_settings, plot_reward_curve, step_line
 from ddrl.training.memory import check_memory
 from ddrl.training.method import Method, build_method
 from ddrl.training.preemption import PreemptionGuard
+from ddrl.training.reward_watch import DeadRewardError, RewardWatch  # noqa: F401 (DeadRewardError: the API's)
+from ddrl.training.run_dir import RunDirectory
 from ddrl.training.update_plan import UpdatePlanner, passes
 from ddrl.types import EstimatorOutput, RolloutBatch
 
@@ -64,7 +70,26 @@ class NonFiniteError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
 
 
+def _failed_start_leaves_nothing(init: Any) -> Any:
+    """A Trainer that fails to start (a bad task, a model that does not load) removes the run
+    directories it made while they are empty, and gives the console back."""
+
+    @functools.wraps(init)
+    def start(self: "Trainer", cfg: RLConfig) -> None:
+        try:
+            init(self, cfg)
+        except BaseException:
+            if getattr(self, "run_log", None) is not None:
+                self.run_log.stop()
+            if getattr(self, "run_directory", None) is not None:
+                self.run_directory.abandon()
+            raise
+
+    return start
+
+
 class Trainer:
+    @_failed_start_leaves_nothing
     def __init__(self, cfg: RLConfig):
         from ddrl.tasks import get_task
 
@@ -74,7 +99,11 @@ class Trainer:
         self.dist: DistInfo = init_distributed(cfg.dist.backend, self.device, timeout_s=cfg.dist.timeout,
                                                one_rank_group=cfg.dist.cpu_offload)
         check_whole_groups(t.prompts_per_step, self.dist.world_size)  # before the data and the model
-        self.run_dir = check_writable(cfg.output_dir)
+        self.run_log = RunLog(enabled=self.dist.is_main)  # train.log: held in memory until the start succeeded
+        self.run_log.start()
+        # resume / overwrite refusals before any compute (ddrl.training.run_dir)
+        self.run_directory = RunDirectory.open(cfg.output_dir, cfg.resume, cfg.overwrite)
+        self.run_dir = self.run_directory.path
         self.task = get_task(cfg.task.name, **task_kwargs(cfg.task))
         self.method: Method = build_method(cfg)
         self.objective, self.estimator = self.method.objective, self.method.estimator
@@ -103,12 +132,15 @@ class Trainer:
         self.step = 0  # rollout steps done (train.steps counts these)
         self.optimizer_steps = 0  # optimizer updates done: each rollout step makes up to mu x minibatches
         self.bad_steps = 0
+        self.rewards = RewardWatch(t.max_invalid_steps)  # dead rewards: no update, stop, keep the valid checkpoint
         self.planner = UpdatePlanner(t, self.method, self.dist, self.device)
         self.evaluation = TrainingEvaluation(cfg, self.task, self.model, self.autocast, self.dist, self.run_dir)
-        if cfg.resume:
+        if self.run_directory.resume:
             self._resume()
+        elif self.dist.is_main:
+            self.run_directory.clear_previous_run()  # overwrite=true, now that the task and the model loaded
         self.logger = MetricsLogger(self.run_dir, tensorboard=t.tensorboard and self.dist.is_main, wandb=t.wandb,
-                                    enabled=self.dist.is_main, resume=cfg.resume and self.step > 0)
+                                    enabled=self.dist.is_main, start_step=self.step)
         self.needs_trajectory = self.method.needs_trajectory
         if self.dist.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
@@ -121,6 +153,8 @@ class Trainer:
             print(f"rollout: {r.name} sampler, cache={r.cache}, threshold={r.threshold}, early_exit={r.early_exit} "
                   f"({'fast path: ' + ', '.join(fast) if fast else 'reference path'}; rollout.cache=none "
                   f"rollout.threshold=null rollout.factor=null is the reference)")
+        self.run_log.attach(self.run_dir / "train.log")
+        self.run_log.stop()  # run() starts it again
 
     # The run's evaluations (ddrl.training.evaluation), read by the demo and `ddrl compare`.
     @property
@@ -234,43 +268,58 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> Path:
+        """Train to train.steps; returns the run directory. SIGTERM and Ctrl-C stop after a checkpoint
+        (Ctrl-C then raises KeyboardInterrupt); dead rewards stop after one with DeadRewardError."""
         t, e = self.cfg.train, self.cfg.eval
-        # The model before RL: its scores ride on the first logged row (every row is a training step).
-        before: dict[str, Any] = {}
-        if e.before and self.step == 0:
-            before = self.evaluation.before_training()
-        bar = tqdm(total=t.steps, initial=self.step, desc=f"{self.cfg.method.objective} on {self.task.name}",
-                   disable=not (t.progress and self.dist.is_main), dynamic_ncols=True)
-        with PreemptionGuard() as preemption:  # SIGTERM: finish the step, checkpoint, exit 0
-            while self.step < t.steps:
-                self.step += 1
-                metrics = self.train_step(self.step)
-                if t.sync_ref_every and self.step % t.sync_ref_every == 0 and self.ref_model is not None:
-                    self.sync_reference()
-                logged = self.step % t.log_every == 0 or self.step == t.steps
-                if logged:
-                    metrics, before = {**metrics, **before}, {}
-                if e.every and self.step % e.every == 0 and self.step != t.steps:
-                    metrics.update(self.evaluation.evaluate(self.step))
-                if self.step == t.steps:
-                    metrics.update(self.evaluation.after_training(self.step))
-                row = self.logger.log(self.step, metrics) if logged else metrics
-                bar.update(1)
-                bar.set_postfix(reward=f"{row.get('reward/mean') or 0:.3f}", step_s=f"{row.get('time/step') or 0:.1f}",
-                                acc=self.evaluation.last_accuracy())
-                stop = preemption.requested(self.dist, self.device)  # every rank stops after the same step
-                if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps or stop:
-                    self.save()
-                if stop and self.step < t.steps:
-                    if self.dist.is_main:
-                        print(f"preempted (SIGTERM) after step {self.step}: checkpoint-{self.step} written; "
-                              f"resume=true continues from it", flush=True)
-                    break
-        bar.close()
-        self.logger.close()
-        if self.dist.is_main:
-            plot_reward_curve(self.run_dir / "metrics.jsonl", self.run_dir / "reward_curve.png",
-                              title=f"{self.cfg.method.objective} on {self.task.name}")
+        stopped: Exception | None = None
+        with self.run_log:  # train.log: what the run prints, and a plain line per logged step
+            # The model before RL: its scores ride on the first logged row (every row is a training step).
+            before: dict[str, Any] = {}
+            if e.before and self.step == 0:
+                before = self.evaluation.before_training()
+            bar = tqdm(total=t.steps, initial=self.step, desc=f"{self.cfg.method.objective} on {self.task.name}",
+                       disable=not (t.progress and self.dist.is_main), dynamic_ncols=True, file=self.run_log.console)
+            with PreemptionGuard() as preemption:  # SIGTERM, SIGINT: finish the step, checkpoint, stop
+                while self.step < t.steps:
+                    self.step += 1
+                    metrics = self.train_step(self.step)
+                    dead = self.rewards.record(self.step, bool(metrics.get("reward/all_invalid")))  # same on every rank
+                    if t.sync_ref_every and self.step % t.sync_ref_every == 0 and self.ref_model is not None:
+                        self.sync_reference()
+                    logged = self.step % t.log_every == 0 or self.step == t.steps or dead
+                    if logged:
+                        metrics, before = {**metrics, **before}, {}
+                    if e.every and self.step % e.every == 0 and self.step != t.steps and not dead:
+                        metrics.update(self.evaluation.evaluate(self.step))
+                    if self.step == t.steps and not dead:
+                        metrics.update(self.evaluation.after_training(self.step))
+                    row = self.logger.log(self.step, metrics) if logged else metrics
+                    if logged:
+                        self.run_log.line(step_line(self.step, t.steps, row))
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{row.get('reward/mean') or 0:.3f}", step_s=f"{row.get('time/step') or 0:.1f}",
+                                    acc=self.evaluation.last_accuracy())
+                    stop = preemption.requested(self.dist, self.device)  # every rank stops after the same step
+                    if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps or stop or dead:
+                        self.save()
+                    if dead:
+                        stopped = self.rewards.error(self.step)
+                        break
+                    if stop and self.step < t.steps:
+                        if self.dist.is_main:
+                            print(f"stopped by {preemption.name} after step {self.step}: checkpoint-{self.step} "
+                                  f"written; resume=true continues from it", flush=True)
+                        break
+            bar.close()
+            self.logger.close()
+            if self.dist.is_main:
+                plot_reward_curve(self.run_dir / "metrics.jsonl", self.run_dir / "reward_curve.png",
+                                  title=f"{self.cfg.method.objective} on {self.task.name}",
+                                  eval_label=eval_settings(self.evaluation.split, e.temperature))
+            if stopped is not None:
+                self.run_log.line(f"ddrl: error: {stopped}")
+                raise stopped
+        preemption.reraise()  # Ctrl-C: the KeyboardInterrupt it would have been, now that the step is saved
         return self.run_dir
 
     def train_step(self, step: int) -> dict[str, Any]:
@@ -282,12 +331,14 @@ class Trainer:
             self.score(batch)
         with clock("advantage"):
             self.advantages(batch)
+        dead = self._no_valid_reward(batch)
         kept = self.planner.filter_groups(batch)
-        plan = self.planner.plan(batch, kept)
+        # all rewards invalid: no optimizer step (AdamW's momentum would move the weights on a zero gradient)
+        plan = None if dead else self.planner.plan(batch, kept)
         stats: dict[str, Any] = {"update/skipped": 1.0}  # every group filtered out: nothing to learn from
-        if plan is None:
+        if plan is None and not dead:
             self.planner.report_no_update(step)
-        else:
+        elif plan is not None:
             old, ref = self.behaviour_passes(plan.micro, step, clock)
             with clock("update"):
                 stats = self.update(plan.micro, old, ref, step, plan.counts)
@@ -297,6 +348,7 @@ class Trainer:
         metrics["update/rows_frac"] = learned / max(len(batch), 1)
         metrics["update/groups_kept_frac"] = kept.reward_valid.sum() / batch.reward_valid.sum().clamp(min=1)
         metrics.update(stats)
+        metrics["reward/all_invalid"] = float(dead)
         metrics.update({f"time/{k}": v for k, v in timings.items()})
         return reduce_mean_dict(metrics, self.dist, self.device)  # the step's one host transfer of metrics
 
@@ -353,6 +405,7 @@ class Trainer:
         rewards = self.task.reward(batch.completions, **columns, **batch.extras.pop("reward_inputs", {}))
         values = [float("nan") if r is None else float(r) for r in rewards]
         batch.rewards = torch.tensor(values, dtype=torch.float32, device=self.device)
+        batch.extras["reward_failed"] = ~torch.isfinite(batch.rewards)  # [B] the reward itself gave None/NaN
         truncated = self.cfg.train.truncated_reward
         if truncated is not None:  # no stop token within gen_length: the answer was cut off
             cut = ~is_stop(batch.completion_ids, model_stop_ids(self.model)).any(dim=1)  # [B]
@@ -361,11 +414,18 @@ class Trainer:
                 cut |= batch.completion_mask.sum(dim=1) >= batch.completion_ids.shape[1] - margin
             batch.rewards[cut] = float(truncated)
         invalid = ~torch.isfinite(batch.rewards)
+        batch.extras["reward_invalid"] = invalid  # [B] for reward/invalid_frac, before "zero" makes them 0
         # "drop": excluded from the group, no loss; "zero": a reward of 0 like any other (d1, wd1)
         batch.rewards[invalid] = 0.0 if self.method.advantage.invalid == "zero" else float("nan")
         parts = getattr(self.task, "reward_parts", None) or getattr(getattr(self.task, "reward", None), "last_parts", None)
         if isinstance(parts, dict):
             batch.extras["reward_parts"] = {k: nanmean(v) for k, v in parts.items()}
+
+    def _no_valid_reward(self, batch: RolloutBatch) -> bool:
+        """Whether the reward gave None/NaN for every completion of the step, on every rank (a
+        collective: every rank gets the same answer, so all skip the update or none does)."""
+        valid = (~batch.extras["reward_failed"]).sum().float().reshape(1)
+        return all_reduce_sum(valid, self.dist).item() == 0
 
     def advantages(self, batch: RolloutBatch) -> None:
 
@@ -505,7 +565,7 @@ class Trainer:
     def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, Any]:
         """Device tensors (and floats): reduce_mean_dict copies them to the host once per step."""
         r = batch.rewards
-        valid = torch.isfinite(r)
+        valid = ~batch.extras.get("reward_invalid", ~torch.isfinite(r))
         n_valid = valid.sum()
         mean = torch.where(valid, r, 0.0).sum() / n_valid  # NaN when no reward is valid
         var = torch.where(valid, (r - mean) ** 2, 0.0).sum() / (n_valid - 1).clamp(min=1)
@@ -526,23 +586,30 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> None:
         """A checkpoint of the step (collective: every rank calls it). Sharded under FSDP by default
-        (train.sharded_checkpoints): each rank writes its own shard, nothing is gathered."""
+        (train.sharded_checkpoints): each rank writes its own shard, nothing is gathered. Rotation
+        (train.keep_checkpoints) keeps the newest checkpoint made with valid rewards too."""
         state = {"step": self.step, "optimizer_steps": self.optimizer_steps, "scheduler": self.sched.state_dict(),
-                 "bad_steps": self.bad_steps, "eval_history": self.evaluation.history, "data_position": self.step}
+                 "bad_steps": self.bad_steps, "eval_history": self.evaluation.history, "data_position": self.step,
+                 **self.rewards.checkpoint(self.step)}
         ckpt.save_training_checkpoint(self.run_dir, self.step, self.model, self.opt, state, dist=self.dist,
-                                      sharded=self.sharded_checkpoints, keep=self.cfg.train.keep_checkpoints)
+                                      sharded=self.sharded_checkpoints, keep=self.cfg.train.keep_checkpoints,
+                                      pinned=self.rewards.valid_checkpoint)
 
     def _resume(self) -> None:
-        last = ckpt.latest_checkpoint(self.run_dir)
-        if last is None:
-            return  # nothing to resume: start fresh
-        state = ckpt.load_training_checkpoint(last, self.model, self.opt,  # full or sharded, any strategy
-                                              trust_remote_code=self.cfg.model.trust_remote_code)
+        """The newest checkpoint that loads (a corrupt one falls back to the one before, with a warning)."""
+        found = ckpt.load_newest_training_checkpoint(self.run_dir, self.model, self.opt,  # full or sharded
+                                                     trust_remote_code=self.cfg.model.trust_remote_code)
+        if found is None:
+            return  # resume=auto in a directory without a checkpoint: start fresh
+        path, state = found
         self.sched.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
         self.bad_steps = int(state.get("bad_steps", 0))
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         self.evaluation.history = list(state.get("eval_history", []))
+        self.rewards.resume(state, self.step)
+        if self.dist.is_main:
+            print(f"resume: continuing from {path} (step {self.step} of {self.cfg.train.steps})")
 
 
 def train(config: str | Path | dict | RLConfig, overrides: list[str] | None = None) -> Path:

@@ -287,3 +287,40 @@ def test_ranks_other_than_0_build_the_model_on_the_meta_device(family, tmp_path)
     assert {p.device.type for p in on_rank[1].parameters()} == {"meta"}
     assert [(n, p.shape, p.dtype) for n, p in on_rank[1].named_parameters()] == [
         (n, p.shape, p.dtype) for n, p in on_rank[0].named_parameters()]
+
+
+def test_rotation_keeps_the_pinned_checkpoint_made_with_valid_rewards(tmp_path):
+    for s in (1, 2, 3, 4):
+        ckpt.save_checkpoint(tmp_path, s, FakeModel(), {"step": s}, keep=2, pinned=1)  # steps 2-4: dead rewards
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["checkpoint-1", "checkpoint-3", "checkpoint-4"]
+
+
+def test_a_truncated_safetensors_file_is_named_before_anything_loads(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(64)}, tmp_path / "model.safetensors")
+    ckpt.check_weight_files(tmp_path)  # whole: no error
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[:-8])
+    with pytest.raises(ckpt.CorruptCheckpointError, match="model.safetensors' is truncated"):
+        ckpt.check_weight_files(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ckpt.CorruptCheckpointError, match="not a readable safetensors file"):
+        ckpt.check_weight_files(tmp_path)
+
+
+def test_a_garbage_trainer_state_falls_back_and_a_missing_one_alone_is_a_clear_error(tmp_path, caplog, monkeypatch):
+    loaded = []
+    monkeypatch.setattr(ckpt, "load_training_checkpoint",
+                        lambda path, model, opt, **kw: loaded.append(path.name) or ckpt.load_trainer_state(path))
+    for s in (1, 2):
+        ckpt.save_checkpoint(tmp_path, s, FakeModel(), {"step": s}, keep=0)
+    (tmp_path / "checkpoint-2" / ckpt.TRAINER_STATE).write_bytes(b"not a torch file")
+    with caplog.at_level("WARNING", logger="ddrl"):
+        path, state = ckpt.load_newest_training_checkpoint(tmp_path, None, None)
+    assert path.name == "checkpoint-1" and state["step"] == 1 and loaded == ["checkpoint-2", "checkpoint-1"]
+    assert "checkpoint-2/trainer_state.pt' cannot be read" in caplog.text and "falling back" in caplog.text
+    (tmp_path / "checkpoint-1" / ckpt.TRAINER_STATE).unlink()
+    with pytest.raises(ckpt.CorruptCheckpointError, match="no checkpoint of .* can be resumed.*"
+                                                          "checkpoint-1/trainer_state.pt' is missing"):
+        ckpt.load_newest_training_checkpoint(tmp_path, None, None)

@@ -162,3 +162,14 @@ def test_more_minibatches_than_groups_is_refused_naming_the_fix():
     with pytest.raises(ConfigError, match=r"train.minibatches=64 is more than train.prompts_per_step=32.*"
                                           r"set train.minibatches <= 32"):
         load_config(None, ["train.prompts_per_step=32", "train.minibatches=64"], RLConfig)
+
+
+def test_resume_is_true_false_or_auto():
+    from ddrl.config import ConfigError, RLConfig, load_config
+
+    assert load_config(None, ["resume=auto"], RLConfig).resume == "auto"
+    assert load_config(None, ["resume=true"], RLConfig).resume is True
+    with pytest.raises(ConfigError, match="resume='sometimes' is not valid.*auto"):
+        load_config(None, ["resume=sometimes"], RLConfig)
+    with pytest.raises(ConfigError, match="train.max_invalid_steps must be >= 0"):
+        load_config(None, ["train.max_invalid_steps=-1"], RLConfig)

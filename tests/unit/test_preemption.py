@@ -61,3 +61,21 @@ def test_outside_the_main_thread_the_guard_installs_nothing():
     thread.start()
     thread.join()
     assert inside == [(before, False)]
+
+
+def test_ctrl_c_is_recorded_like_sigterm_and_a_second_one_aborts_at_once():
+    before = signal.getsignal(signal.SIGINT)
+    with PreemptionGuard() as guard:  # SIGTERM and SIGINT by default
+        os.kill(os.getpid(), signal.SIGINT)  # without the guard: KeyboardInterrupt here
+        assert guard.requested(DistInfo(), CPU) and guard.name == "SIGINT"
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            raise AssertionError("a second Ctrl-C must abort at once")
+        except KeyboardInterrupt:
+            pass
+    assert signal.getsignal(signal.SIGINT) is before
+    try:
+        guard.reraise()  # after the checkpoint: the interrupt it was
+        raise AssertionError("reraise must raise KeyboardInterrupt after a Ctrl-C")
+    except KeyboardInterrupt:
+        pass
