@@ -275,10 +275,13 @@ def first_scores(rows: list[dict[str, Any]]) -> list[float]:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """n, accuracy (the mean of first_scores), mean_reward."""
+    """n, accuracy (the mean of first_scores), mean_reward over the valid rewards and their count.
+
+    A reward of None (not applicable, a server that did not answer) or NaN is not a score: mean_reward
+    is None (JSON null) when no completion got a valid one, never a 0.0 that reads as a measurement."""
     valid = [r for row in rows for r in row["rewards"] if r is not None and math.isfinite(r)]
     return {"n": len(rows), "accuracy": sum(first_scores(rows)) / len(rows),
-            "mean_reward": sum(valid) / len(valid) if valid else 0.0}
+            "mean_reward": sum(valid) / len(valid) if valid else None, "valid_rewards": len(valid)}
 
 
 def pass_at_k(rows: list[dict[str, Any]], k: int, clusters: Any = None) -> dict[str, Any]:
