@@ -143,6 +143,7 @@ def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerCon
         examples = split_examples(task, split, n, seed)
     if not examples:
         raise ValueError(f"task {task.name!r} returned no {split} examples; check its data path/arguments")
+    check_samples_can_differ(task, examples, sampler, k)
     rows, stats = sample_and_score(model, examples, sampler, task_scoring(task), seed=split_sampler_seed(seed, split),
                                    k=k, batch_size=batch_size, shard=shard)
     clusters = cluster_keys(task, examples)
@@ -162,6 +163,21 @@ def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerCon
     if output_jsonl is not None:
         write_rows(output_jsonl, rows)
     return result
+
+
+def check_samples_can_differ(task: Any, examples: list[dict], sampler: SamplerConfig, k: int = 1) -> None:
+    """Refuse, before any compute, an evaluation whose samples are one sample repeated: every example has
+    the same prompt (an unconditional task: DNA, a class-free generator) and the sampler is greedy
+    (temperature 0), so all n x k samples are one sequence and every statistic of them (mean reward,
+    distinct samples, k-mer correlation) describes a single draw."""
+    if sampler.temperature != 0 or len(examples) * k < 2:
+        return
+    prompts = {repr(ex.get("prompt")) for ex in examples}
+    if len(prompts) == 1:
+        raise ValueError(f"task {getattr(task, 'name', task)!r}: all {len(examples)} examples share one prompt "
+                         f"({next(iter(prompts))}: an unconditional task) and temperature 0 (greedy) decodes it to "
+                         f"one and the same sample {len(examples) * k} times; evaluate with temperature 1 "
+                         f"(--temperature 1; eval.temperature=1.0 in a training config)")
 
 
 def sample_and_score(model: Any, examples: list[dict], sampler: SamplerConfig, scoring: Scoring, *,
