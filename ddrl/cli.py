@@ -13,9 +13,9 @@
 
 Bad input ends with one line `ddrl: error: ...` naming the problem and the fix (exit code 2): a
 ValueError, KeyError or OSError (a missing or unreadable file, a port in use) or a reward server that
-is not reachable, raised anywhere below a command, is printed that way (USER_ERRORS).
-`module:function` names (--task, --reward, task.name=...) import from the working directory first,
-as `python -m` does.
+is not reachable, raised anywhere below a command, is printed that way (_user_errors).
+`module:function` names (--task, --reward, task.name=...) import from the working directory too, as
+`python -m` does (searched after the installed modules).
 Log lines (which layers LoRA wraps, steps that made no update, ...) go to stderr as `ddrl: ...`:
 INFO and above on rank 0, warnings only with --quiet and on the other ranks.
 """
@@ -240,7 +240,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(_split_quoted_options(parser, sys.argv[1:] if argv is None else list(argv)))
+    args, extra = parser.parse_known_args(_split_quoted_options(parser, sys.argv[1:] if argv is None else list(argv)))
+    if extra and isinstance(getattr(args, "overrides", None), list) and all("=" in w and not w.startswith("-")
+                                                                             for w in extra):
+        args.overrides += extra  # key=value after a flag (`ddrl train CFG --resume train.steps=20`)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 0
@@ -417,8 +422,9 @@ def _image_grid(model: Any, gen_length: int | None) -> tuple[int, int]:
     side = math.isqrt(gen_length or 0)
     if gen_length is None or side * side != gen_length or shape is not None:
         want = f"{shape[0]}x{shape[1]} = {shape[0] * shape[1]}" if shape is not None else "a square h*h"
+        got = "none" if gen_length is None else gen_length
         raise ValueError(f"this model samples images: --gen-length is its image codes per sample, {want} (64 for "
-                         f"an 8x8 grid, as checkpoints/digits-ursa; 1024 for 32x32, URSA at 512 px); got {'none' if gen_length is None else gen_length}")
+                         f"an 8x8 grid, as checkpoints/digits-ursa; 1024 for 32x32, URSA at 512 px); got {got}")
     return side, side
 
 

@@ -40,7 +40,6 @@ from ddrl.registry import TASKS
 from ddrl.tasks.paper_data import DataSource, FileTask
 
 BASES = "ACGT"
-ORACLE_KINDS = ("torchscript", "module", "grelu")
 
 
 def one_hot_dna(seqs: list[str]) -> torch.Tensor:
@@ -49,36 +48,47 @@ def one_hot_dna(seqs: list[str]) -> torch.Tensor:
     return torch.nn.functional.one_hot(ids, 4).float().permute(0, 2, 1)
 
 
+def _load_grelu(path: str) -> Any:
+    try:
+        from grelu.lightning import LightningModel
+    except ImportError:
+        raise ValueError("oracle_kind='grelu' needs gReLU: pip install 'ddrl[dna]'") from None
+    return LightningModel.load_from_checkpoint(path, map_location="cpu")
+
+
+ORACLE_LOADERS: dict[str, Callable[[str], Any]] = {
+    "torchscript": lambda path: torch.jit.load(path, map_location="cpu"),
+    "module": lambda path: torch.load(path, map_location="cpu", weights_only=False),  # a trusted pickled module
+    "grelu": _load_grelu,  # a gReLU LightningModel checkpoint
+}
+
+
 def load_oracle(oracle: Any, kind: str = "torchscript") -> torch.nn.Module:
     """A module, or a file of `kind` -> an eval-mode module; a file that is missing or not of that
     kind is an error naming it."""
     if isinstance(oracle, torch.nn.Module):
         return oracle.eval()
-    if kind not in ORACLE_KINDS:
-        raise ValueError(f"oracle_kind={kind!r}; choose one of: {', '.join(ORACLE_KINDS)}")
+    if kind not in ORACLE_LOADERS:
+        raise ValueError(f"oracle_kind={kind!r}; choose one of: {', '.join(ORACLE_LOADERS)}")
     if not Path(str(oracle)).is_file():
         raise ValueError(f"oracle file {str(oracle)!r} does not exist")
-    if kind == "grelu":
-        try:
-            from grelu.lightning import LightningModel
-        except ImportError:
-            raise ValueError("oracle_kind='grelu' needs gReLU: pip install 'ddrl[dna]'") from None
     try:
-        if kind == "torchscript":
-            module = torch.jit.load(str(oracle), map_location="cpu")
-        elif kind == "module":
-            module = torch.load(str(oracle), map_location="cpu", weights_only=False)  # a trusted pickled module
-        else:
-            module = LightningModel.load_from_checkpoint(str(oracle), map_location="cpu")
-    except Exception as e:  # noqa: BLE001 - torch.jit / pickle / Lightning each raise their own kinds
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"oracle file {str(oracle)!r} cannot be read as oracle_kind={kind!r} ({reason}); pass a "
-                         f"TorchScript file (torch.jit.save: oracle_kind=torchscript), a pickled torch module "
+        module = ORACLE_LOADERS[kind](str(oracle))
+    except ValueError:  # ours: a missing optional package
+        raise
+    except Exception as e:  # noqa: BLE001 - torch.jit, pickle and Lightning each raise their own kinds
+        raise ValueError(f"oracle file {str(oracle)!r} cannot be read as oracle_kind={kind!r} ({_first_line(e)}); "
+                         f"pass a TorchScript file (torch.jit.save: oracle_kind=torchscript), a pickled torch module "
                          f"(oracle_kind=module) or a gReLU checkpoint (oracle_kind=grelu)") from None
     if not isinstance(module, torch.nn.Module):
         raise ValueError(f"oracle file {str(oracle)!r} holds a {type(module).__name__}, not a torch module; save the "
                          f"module itself (torch.save(module) or torch.jit.save)")
     return module.eval()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def check_oracle(oracle: torch.nn.Module, seq: str, column: int, name: str) -> None:
@@ -87,9 +97,9 @@ def check_oracle(oracle: torch.nn.Module, seq: str, column: int, name: str) -> N
     try:
         pred = oracle_predictions(oracle, [seq])
     except Exception as e:  # noqa: BLE001 - the module's own error (a shape mismatch, mostly)
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"task dna_enhancer: {name} fails on the data's {len(seq)}-bp sequences, one-hot "
-                         f"[1, 4, {len(seq)}] ({reason}); use the oracle trained for sequences of this length") from None
+                         f"[1, 4, {len(seq)}] ({_first_line(e)}); use the oracle trained for sequences of this "
+                         f"length") from None
     if not 0 <= column < pred.shape[1]:
         raise ValueError(f"task dna_enhancer: {name} predicts {pred.shape[1]} column(s); column {column} does not "
                          f"exist (target / atac_column count from 0)")
@@ -247,7 +257,7 @@ class DNAEnhancerTask(FileTask):
             try:
                 pred = oracle_predictions(self.oracle, [completions[i] for i in idx])[:, self.target]
             except RuntimeError as e:  # the oracle takes the data's length only
-                raise ValueError(f"task dna_enhancer: the oracle fails on {length}-bp completions ({str(e).strip()[:200]}); "
+                raise ValueError(f"task dna_enhancer: the oracle fails on {length}-bp completions ({_first_line(e)}); "
                                  f"the data's sequences are {self.gen_length} bp: set rollout.gen_length="
                                  f"{self.gen_length} (--gen-length {self.gen_length})") from None
             for i, p in zip(idx, pred):

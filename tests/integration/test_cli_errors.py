@@ -187,7 +187,8 @@ def test_a_quoted_task_arg_pair_is_read_as_the_option_and_its_yaml_value(capsys)
 
 
 def test_train_takes_resume_and_output_dir_flags(monkeypatch, tmp_path, capsys):
-    """`ddrl train CONFIG --output-dir DIR --resume` = output_dir=DIR resume=true (flags win over overrides)."""
+    """`ddrl train CONFIG --output-dir DIR --resume` = output_dir=DIR resume=true (flags win over overrides;
+    key=value overrides may follow the flags)."""
     import ddrl.training.trainer as trainer
     from ddrl.config import load_config
 
@@ -200,9 +201,9 @@ def test_train_takes_resume_and_output_dir_flags(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(trainer, "train", fake_train)
     out = tmp_path / "yes"  # a directory named like a YAML boolean stays a string
     rc, _, err = run(capsys, "train", ROOT / "configs/rl/grpo_mini_sudoku.yaml", "output_dir=elsewhere",
-                     "--output-dir", out, "--resume")
+                     "--output-dir", out, "--resume", "train.steps=3")  # an override after the flags, as TRL's
     assert rc == 0, err
-    assert seen["cfg"].output_dir == str(out) and seen["cfg"].resume is True
+    assert seen["cfg"].output_dir == str(out) and seen["cfg"].resume is True and seen["cfg"].train.steps == 3
 
 
 def test_a_config_finds_its_relative_paths_from_any_directory(monkeypatch, tmp_path):
@@ -269,7 +270,8 @@ def test_training_refuses_a_greedy_evaluation_of_an_unconditional_task_before_an
 def test_eval_reports_null_mean_reward_when_no_reward_is_valid():
     from ddrl.eval.runner import summarize
 
-    rows = [{"rewards": [None, float("nan")], "correct": [False, False]}, {"rewards": [None, None], "correct": [True, False]}]
+    rows = [{"rewards": [None, float("nan")], "correct": [False, False]},
+            {"rewards": [None, None], "correct": [True, False]}]
     assert summarize(rows) == {"n": 2, "accuracy": 0.5, "mean_reward": None, "valid_rewards": 0}
     rows[0]["rewards"][0] = 0.25
     assert summarize(rows)["mean_reward"] == 0.25 and summarize(rows)["valid_rewards"] == 1
