@@ -1,11 +1,11 @@
 """The `ddrl` command line.
 
     ddrl pretrain CONFIG [key=value ...]      train a denoiser (masked / uniform / block) on task data
-    ddrl train CONFIG [key=value ...]         RL fine-tuning; writes a run directory
+    ddrl train CONFIG [key=value ...] [--output-dir DIR] [--resume]   RL fine-tuning; writes a run directory
     ddrl train --dry-run CONFIG [key=value ...] [--world-size N]   per-rank GPU memory plan, no weights read
     ddrl eval --model DIR --task NAME [--n N] [--split test] [--json] [sampler overrides]
     ddrl eval --model DIR --task NAME --protocol d1 [--json]   a paper's evaluation (ddrl.eval.protocols)
-    ddrl sample --model DIR --prompt TEXT [sampler overrides]
+    ddrl sample --model DIR --prompt TEXT [--output PNG] [sampler overrides]   (an image model writes a PNG grid)
     ddrl demo                                  the main job on the CPU
     ddrl methods                               every registered objective/estimator with its paper
     ddrl compare                               every method on the same tiny task and budget
