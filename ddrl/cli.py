@@ -369,7 +369,8 @@ def _eval_protocol(args: argparse.Namespace, task: Any) -> int:
 def _cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from ddrl.data import decode_completions, encode_prompts, model_stop_ids, prompt_budget
+    from ddrl.data import (check_modality, decode_completions, encode_prompts, model_modalities, model_stop_ids,
+                           prompt_budget)
     from ddrl.eval.runner import default_sampler
     from ddrl.registry import SAMPLERS
     from ddrl.sampling.base import sample_in_chunks
@@ -383,9 +384,11 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         if getattr(model, "max_seq_len", None):
             gen_length = max(1, min(32, model.max_seq_len - len(model.tokenizer.encode(args.prompt)) - 1))
 
-    grid = _image_grid(model, args.gen_length) if _decodes_images(model) else None
+    # an image model's samples are images (written as a PNG grid below): sized and checked as an image task's
+    grid = _image_grid(model, args.gen_length) if "text" not in model_modalities(model) else None
     if grid is not None:
-        _Len.gen_length = grid[0] * grid[1]
+        _Len.modality, _Len.image_grid, _Len.gen_length = "image", grid, grid[0] * grid[1]
+    check_modality(model, _Len())  # what the model cannot generate is refused before sampling
     cfg = default_sampler(model, _Len(), key=FLAGS, **{k: getattr(args, k) for k in _SAMPLER_KEYS})
     check_sampler(cfg, FLAGS, block_size=getattr(model, "block_size", None) or None)  # named as flags
     max_prompt = prompt_budget(model, cfg, "--max-prompt-length", "--gen-length")
@@ -405,11 +408,6 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     for text in decode_completions(model.tokenizer, out.completion_ids, model_stop_ids(model)):
         print(text)
     return 0
-
-
-def _decodes_images(model: Any) -> bool:
-    """Whether the model's completions are image codes it decodes to pixels (URSA; MMaDA with --vq-path)."""
-    return getattr(model, "decode_images", None) is not None and getattr(model, "image_token_range", None) is not None
 
 
 def _image_grid(model: Any, gen_length: int | None) -> tuple[int, int]:
@@ -473,18 +471,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve_reward(args: argparse.Namespace) -> int:
-    from ddrl.rewards.catalog import IMAGE_REWARDS, image_reward_factory
+    from ddrl.rewards.catalog import build_image_reward
     from ddrl.rewards.server import serve_reward
 
-    builtin = [name for name in IMAGE_REWARDS if name != "server"]  # a server of a server only adds a hop
-    kwargs = _task_kwargs(args.arg)
-    if args.reward in builtin:
-        reward = _call_factory(image_reward_factory(args.reward), kwargs, args.reward)
-    elif ":" in args.reward:
-        reward = _import_reward(args.reward)
-        reward = _call_factory(reward, kwargs, args.reward) if kwargs else reward
-    else:
-        raise ValueError(f"--reward {args.reward!r}: use {' | '.join(builtin)} or module:function")
+    if args.reward == "server":  # a server of a server only adds a hop
+        raise ValueError("--reward server: serve the reward itself (a catalog name or module:function)")
+    reward = build_image_reward(args.reward, _task_kwargs(args.arg), what="--reward")  # as task.args.reward
     server = serve_reward(reward, args.host, args.port, name=args.reward)
     print(f"serving reward {args.reward} at {server.url} (GET /health, POST /score)", flush=True)
     try:
@@ -492,38 +484,6 @@ def _cmd_serve_reward(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
     return 0
-
-
-def _import_reward(name: str) -> Any:
-    """`module:function` -> the function, imported as `python -m` would (the working directory included)."""
-    import importlib
-
-    module, attr = name.split(":", 1)
-    try:
-        found = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        raise ValueError(f"--reward {name!r}: cannot import {module!r} ({e}); run from the folder that holds "
-                         f"{module.replace('.', '/')}.py or add its folder to PYTHONPATH") from None
-    if not hasattr(found, attr):
-        raise ValueError(f"--reward {name!r}: module {module!r} has no attribute {attr!r}")
-    return getattr(found, attr)
-
-
-def _call_factory(factory: Any, kwargs: dict[str, Any], name: str) -> Any:
-    """factory(**kwargs), with missing or unknown arguments named as --arg flags before it runs."""
-    import inspect
-
-    try:
-        inspect.signature(factory).bind(**kwargs)
-    except TypeError as e:
-        params = [p for p in inspect.signature(factory).parameters.values()
-                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        needed = " ".join(f"--arg {p.name}=..." for p in params if p.default is p.empty)
-        raise ValueError(f"--reward {name}: {e}; it takes {', '.join(p.name for p in params) or 'no arguments'}"
-                         + (f" (needs {needed})" if needed else "")) from None
-    except ValueError:  # a builtin without a signature: let the call say what is wrong
-        pass
-    return factory(**kwargs)
 
 
 COMMANDS = {"pretrain": _cmd_pretrain, "train": _cmd_train, "eval": _cmd_eval, "sample": _cmd_sample,

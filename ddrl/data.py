@@ -1,5 +1,6 @@
 """Text <-> token batches: left-padded prompts, EOS-terminated completions; rollout ids -> what a
-task scores (text, or decoded pixels for image tasks: `task_completions`).
+task scores (text, or decoded pixels for image tasks: `task_completions`); a model and a task whose
+modalities do not meet, refused before any compute (`check_modality`).
 
 Shared by pretraining, RL rollouts and evaluation, so that the three see prompts the same way.
 
@@ -262,13 +263,18 @@ MODALITIES: dict[str, Callable[[Any, Any, Tensor], TaskCompletions]] = {
 }
 
 
-def task_completions(model: Any, task: Any, completion_ids: Tensor) -> TaskCompletions:
-    """The one function that turns rollout ids into task completions (training, eval, sample)."""
+def task_modality(task: Any) -> str:
+    """What the task scores: task.modality ("text" when absent), one of MODALITIES."""
     modality = getattr(task, "modality", "text")
     if modality not in MODALITIES:
         raise ValueError(f"task {getattr(task, 'name', task)!r} has modality {modality!r}; ddrl scores "
                          f"{', '.join(MODALITIES)}")
-    return MODALITIES[modality](model, task, completion_ids)
+    return modality
+
+
+def task_completions(model: Any, task: Any, completion_ids: Tensor) -> TaskCompletions:
+    """The one function that turns rollout ids into task completions (training, eval, sample)."""
+    return MODALITIES[task_modality(task)](model, task, completion_ids)
 
 
 def task_image_grid(task: Any) -> tuple[int, int]:
@@ -278,6 +284,59 @@ def task_image_grid(task: Any) -> tuple[int, int]:
         raise ValueError(f"image task {getattr(task, 'name', task)!r} must say its token grid as "
                          f"task.image_grid = (h, w), got {grid!r}")
     return int(grid[0]), int(grid[1])
+
+
+# Where a model and a task meet (the trainer, evaluation, `ddrl sample`), `check_modality` refuses a pair
+# that cannot work before any compute: without it an image-only model on a text task trains on empty
+# completions, and a text model on an image task fails only after its first rollout.
+#
+# What a model generates: images when it has a decoder (model.decode_images and model.image_token_range:
+# URSA, MMaDA loaded with a vq_path); text unless it samples image codes only (logits_range =
+# image_token_range, as both of those do). Where a model lays its codes on a known grid it says so as
+# `model.image_shape`: (h, w), or None for a square grid (URSA's 3-D rotary positions); a model
+# without the attribute (MMaDA's 1-D positions) takes any grid.
+
+# What to do instead, by the modality the task scores.
+MODALITY_FIXES = {
+    "text": "score images with an image task (text_to_image with task.args.image_grid and task.args.reward, or "
+            "FunctionTask(..., modality=\"image\", image_grid=(h, w)), whose reward receives images=[n, 3, H, W]; "
+            "`ddrl eval --task text_to_image` writes them as a PNG grid), or load a text model",
+    "image": "load a model with an image decoder (URSA, or MMaDA with its VQ model: model.vq_path in a config, "
+             "--vq-path on the command line, load_model(..., vq_path=DIR)), or use a text task",
+}
+
+
+def model_modalities(model: Any) -> tuple[str, ...]:
+    """What a model's completions can be, of MODALITIES: ("text",), ("image",) or ("text", "image")."""
+    image = callable(getattr(model, "decode_images", None)) and getattr(model, "image_token_range", None) is not None
+    codes_only = image and getattr(model, "logits_range", None) is not None and \
+        tuple(model.logits_range) == tuple(model.image_token_range)
+    return tuple(m for m, ok in (("text", not codes_only), ("image", image)) if ok)
+
+
+def check_modality(model: Any, task: Any) -> None:
+    """Refuse, before any compute, a task whose completions the model cannot generate: the modality, and
+    an image task's grid where the model knows its own (the comment above)."""
+    wanted, name = task_modality(task), getattr(task, "name", type(task).__name__)
+    family = getattr(model, "family", type(model).__name__)
+    offered = model_modalities(model)
+    if wanted not in offered:
+        raise ValueError(f"modality mismatch: the {family} model generates {' and '.join(offered)} but task {name!r} "
+                         f"scores {wanted}; {MODALITY_FIXES[wanted]}")
+    if wanted != "image":
+        return
+    h, w = task_image_grid(task)
+    if not hasattr(model, "image_shape"):
+        return
+    shape = model.image_shape
+    if shape is None and h != w:
+        raise ValueError(f"task {name!r} asks for a {h}x{w} image grid, but the {family} model lays its image codes "
+                         f"on a square grid (model.image_shape is None); use a square image_grid (e.g. "
+                         f"[{max(h, w)}, {max(h, w)}]), or set model.image_shape = ({h}, {w}) from Python")
+    if shape is not None and tuple(int(v) for v in shape) != (h, w):
+        raise ValueError(f"task {name!r} asks for a {h}x{w} image grid, but the {family} model generates "
+                         f"{shape[0]}x{shape[1]} (model.image_shape); set the task's image_grid to "
+                         f"[{shape[0]}, {shape[1]}]")
 
 
 @torch.no_grad()

@@ -1,7 +1,8 @@
 """The few registries of ddrl: the only string dispatch in the code.
 
 A name that is not registered fails with the list of valid names, so a typo in a config is
-caught before any compute.
+caught before any compute. A user's own object is named by import path instead, "package.module:attr"
+(`import_object`: tasks, rewards).
 """
 
 from __future__ import annotations
@@ -53,6 +54,31 @@ class Registry(Generic[T]):
     def __contains__(self, name: str) -> bool:
         _ensure_builtins_loaded()
         return name in self._items
+
+
+def import_object(path: str, what: str) -> Any:
+    """The object "package.module:attr" names (attr may be dotted: "module:Class.method").
+
+    what: what the object is for, in the error's words ("task 'my_tasks:make'"). A module that cannot
+    be imported and an attribute it lacks are a ValueError naming both, and the fix."""
+    import importlib
+
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{what}: {path!r} is not an import path; write package.module:attr")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        # the module (or its package) is missing, not something it imports: say where Python looks
+        missing_itself = bool(e.name) and (module_name + ".").startswith(f"{e.name}.")
+        hint = "; put the folder that holds it on PYTHONPATH (PYTHONPATH=. for the current one)"
+        raise ValueError(f"{what}: cannot import {module_name!r}: {e}{hint if missing_itself else ''}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{what}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
 
 
 PROCESSES: Registry[Callable[..., Any]] = Registry("process")

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ddrl.config import SamplerConfig
+from ddrl.data import check_modality
 from ddrl.eval.runner import (Scoring, default_sampler, pass_at_k, sample_and_score, summarize,
                               write_rows)
 from ddrl.registry import Registry
@@ -192,6 +193,7 @@ def evaluate_protocol(model: Any, task: Any, protocol: str | Protocol, *, n: int
 
     if isinstance(task, str):
         task = get_task(task)
+    check_modality(model, task)  # before any compute (ddrl.data)
     protocol = get_protocol(protocol)
     chosen = tuple(lengths) if lengths else protocol.gen_lengths
     unknown = [length for length in chosen if length not in protocol.gen_lengths]

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from ddrl.config import SamplerConfig, validate_sampler
-from ddrl.data import encode_prompts, prompt_budget, task_completions
+from ddrl.data import check_modality, encode_prompts, prompt_budget, task_completions
 from ddrl.registry import SAMPLERS
 from ddrl.rewards.pixels import save_image_grid, to_uint8
 from ddrl.sampling.checks import AUTO, NOT_APPLICABLE, resolve_sampler
@@ -132,6 +132,7 @@ def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerCon
                              "overrides as evaluate_protocol(..., overrides={...})")
         return evaluate_protocol(model, task, protocol, n=n, seed=seed, k=k, batch_size=batch_size,
                                  examples=examples, output_jsonl=output_jsonl)
+    check_modality(model, task)  # an image model on a text task (or the reverse) fails before any compute
     n = 200 if n is None else n
     if isinstance(sampler, dict):
         sampler = default_sampler(model, task, **sampler)

@@ -17,6 +17,7 @@ train rows and keep the paper's test file as test (ddrl/tasks/__init__.py, paper
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -164,9 +165,10 @@ class Task:
         raise NotImplementedError
 
     def correct(self, completions: list[str], **columns: list[Any]) -> list[bool]:
-        """Whether each completion solves its example (the task's accuracy metric)."""
+        """Whether each completion solves its example (the task's accuracy metric): a None or non-finite
+        score (an invalid reward, inf included) never does."""
         scores = self.reward(completions, **columns)
-        return [s is not None and s >= self.success_threshold for s in scores]
+        return [s is not None and math.isfinite(s) and s >= self.success_threshold for s in scores]
 
     def metric(self, completions: list[str], **columns: list[Any]) -> list[float]:
         """Each completion's accuracy in [0, 1], averaged by evaluation: 1/0 for a verdict (the

@@ -21,8 +21,12 @@ Rewards (task.args.reward), each a plain function of (completions, images=..., *
     hpsv3                HPSv3 / 5 (better served: ddrl serve-reward --reward hpsv3): {checkpoint: FILE}
     unifiedreward        UnifiedReward's 1-5 score / 5 from a vLLM / sglang endpoint: {url: .../v1}
     server               a reward server (ddrl serve-reward, GenEval / OCR servers): reward_args {url: ...}
-(ddrl/rewards/catalog.py lists them.)
-    [{name, weight, args}, ...]  their weighted sum, each part logged (reward/<name>)
+    module:function      a user's own reward(completions, images=..., **columns), imported as `ddrl
+                         serve-reward --reward module:function` imports it; with reward_args, a factory
+                         function(**reward_args) that returns the reward
+(ddrl/rewards/catalog.py lists them; build_image_reward resolves a name.)
+    [{name, weight, args}, ...]  their weighted sum, each part logged (reward/<label>, by default
+                                 the name, a module:function's function); a name is any of the above
     a function           reward(completions, images=..., **columns), from Python
 """
 
@@ -38,21 +42,15 @@ RewardFn = Callable[..., list[float | None]]
 
 
 def _build_reward(name: str, args: dict[str, Any]) -> RewardFn:
-    from ddrl.rewards.catalog import IMAGE_REWARDS, image_reward_factory
+    from ddrl.rewards.catalog import build_image_reward  # the resolver `ddrl serve-reward --reward` uses
 
-    if name not in IMAGE_REWARDS:
-        raise ValueError(f"text_to_image reward {name!r} is not known; choose one of: {', '.join(IMAGE_REWARDS)} "
-                         f"(or a list of {{name, weight, args}} for a weighted sum)")
-    try:
-        return image_reward_factory(name)(**args)
-    except TypeError as e:
-        raise ValueError(f"text_to_image reward {name!r}: bad reward_args {args}: {e}") from None
+    return build_image_reward(name, args, what="text_to_image reward")
 
 
 def image_reward(reward: str | list[dict[str, Any]] | RewardFn,
                  reward_args: dict[str, Any] | None = None) -> RewardFn:
-    """One named reward, the weighted sum of a list of {name, weight, args} (each part logged), or a
-    reward function as it is (the Python API)."""
+    """One named reward (a catalog name or module:function), the weighted sum of a list of
+    {name, weight, args} (each part logged), or a reward function as it is (the Python API)."""
     if callable(reward):
         return reward
     if isinstance(reward, str):
@@ -63,7 +61,7 @@ def image_reward(reward: str | list[dict[str, Any]] | RewardFn,
     for i, part in enumerate(reward):
         if not isinstance(part, dict) or "name" not in part:
             raise ValueError(f"text_to_image reward list entry {i} must be {{name, weight, args}}, got {part!r}")
-        label = part.get("label", part["name"])
+        label = part.get("label", str(part["name"]).rpartition(":")[2])  # module:function logs as reward/function
         parts.append((label, _build_reward(part["name"], dict(part.get("args") or {})), float(part.get("weight", 1.0))))
     return CompositeReward(parts)
 

@@ -37,8 +37,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ddrl.config import RLConfig, load_config, save_config, task_kwargs
-from ddrl.data import (completion_mask, is_stop, model_stop_ids, pad_prompts, prompt_budget, task_completions,
-                       tokenize_prompts, truncate_prompts)
+from ddrl.data import (check_modality, completion_mask, is_stop, model_stop_ids, pad_prompts, prompt_budget,
+                       task_completions, tokenize_prompts, truncate_prompts)
 from ddrl.models.moe_balance import RouterBalance
 from ddrl.objectives import AggregationCounts, compute_advantages
 from ddrl.processes.draws import RowGenerators
@@ -84,6 +84,7 @@ class Trainer:
         if not self.example(0):  # the data is read and checked before the model is loaded
             raise ValueError(f"task {self.task.name!r} returned no training examples; check task.args")
         self.model = self._load_model()  # on the CPU until the memory check passed
+        check_modality(self.model, self.task)  # an image model on a text task (or the reverse) fails here
         self._resolve_sampler()
         self.max_prompt = prompt_budget(self.model, cfg.rollout)
         self.truncated_prompts = 0  # prompts cut to rollout.max_prompt_length so far (announced once)

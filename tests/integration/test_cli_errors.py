@@ -124,7 +124,7 @@ def _world_size_zero(tmp: Path, dna: dict[str, str]) -> tuple[list, list[str]]:
 
 
 def _pickscore_without_model(tmp: Path, dna: dict[str, str]) -> tuple[list, list[str]]:
-    return ["serve-reward", "--reward", "pickscore"], ["pickscore", "--arg model="]
+    return ["serve-reward", "--reward", "pickscore"], ["pickscore", "'model'", "--arg KEY=VALUE"]
 
 
 def _port_in_use(tmp: Path, dna: dict[str, str]) -> tuple[list, list[str]]:

@@ -377,7 +377,7 @@ def test_function_task_holds_out_test_prompts_and_shields_the_trainer():
     assert drawn == task.train_examples(25, seed=0) and drawn != task.train_examples(25, seed=1)
     assert sorted(e["prompt"] for e in task.test_examples(10)) == ["p11", "p3"]
     assert task.reward(["3", "4"], answer=["3", "3"]) == [1.0, 0.0]
-    assert task.reward(["boom", "3"], answer=["3", "3"]) == [0.0, 0.0]
+    assert task.reward(["boom", "3"], answer=["3", "3"]) == [None, None]  # invalid, not 0.0 (test_user_rewards.py)
     assert task.correct(["3"], answer=["3"]) == [True]
     with pytest.raises(NotImplementedError):
         task.symbols()
