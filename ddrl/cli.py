@@ -1,17 +1,21 @@
 """The `ddrl` command line.
 
     ddrl pretrain CONFIG [key=value ...]      train a denoiser (masked / uniform / block) on task data
-    ddrl train CONFIG [key=value ...]         RL fine-tuning; writes a run directory
+    ddrl train CONFIG [key=value ...] [--output-dir DIR] [--resume]   RL fine-tuning; writes a run directory
     ddrl train --dry-run CONFIG [key=value ...] [--world-size N]   per-rank GPU memory plan, no weights read
     ddrl eval --model DIR --task NAME [--n N] [--split test] [--json] [sampler overrides]
     ddrl eval --model DIR --task NAME --protocol d1 [--json]   a paper's evaluation (ddrl.eval.protocols)
-    ddrl sample --model DIR --prompt TEXT [sampler overrides]
+    ddrl sample --model DIR --prompt TEXT [--output PNG] [sampler overrides]   (an image model writes a PNG grid)
     ddrl demo                                  the main job on the CPU
     ddrl methods                               every registered objective/estimator with its paper
     ddrl compare                               every method on the same tiny task and budget
     ddrl serve-reward --reward MODULE:FUNCTION  a reward function as an HTTP server (JSON + PNG)
 
-Bad input ends with one line `ddrl: error: ...` naming the problem and the fix (exit code 2).
+Bad input ends with one line `ddrl: error: ...` naming the problem and the fix (exit code 2): a
+ValueError, KeyError or OSError (a missing or unreadable file, a port in use) or a reward server that
+is not reachable, raised anywhere below a command, is printed that way (_user_errors).
+`module:function` names (--task, --reward, task.name=...) import from the working directory too, as
+`python -m` does (searched after the installed modules).
 Log lines (which layers LoRA wraps, steps that made no update, ...) go to stderr as `ddrl: ...`:
 INFO and above on rank 0, warnings only with --quiet and on the other ranks.
 """
@@ -23,7 +27,7 @@ import json
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 EPILOG = "Configs live in configs/ (pretrain/, rl/, paper/). Any config key can be overridden as key=value."
 
@@ -103,8 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=20 objective=espo")
     p.add_argument("--dry-run", dest="dry_run", action="store_true",
                    help="print the per-rank GPU memory estimate and exit (no weights read; ddrl.training.memory)")
-    p.add_argument("--world-size", dest="world_size", type=int, default=1, help="with --dry-run: number of GPUs")
-    p.add_argument("--gpu-memory", dest="gpu_memory", type=float, default=80.0,
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete checkpoint in the run directory (= resume=true)")
+    p.add_argument("--output-dir", dest="output_dir", default=None, help="the run directory (= output_dir=DIR)")
+    p.add_argument("--world-size", dest="world_size", type=_positive(int), default=1,
+                   help="with --dry-run: number of GPUs")
+    p.add_argument("--gpu-memory", dest="gpu_memory", type=_positive(float), default=80.0,
                    help="with --dry-run: GB per GPU to compare against (80: A100/H100; 141: H200)")
 
     p = _command(sub, "eval", help="evaluate a model on a task",
@@ -132,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True, help="prompt text (in the model's format)")
     p.add_argument("--n", type=int, default=1, help="number of samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--output", default="sample.png",
+                   help="an image model's samples go to this PNG grid (default sample.png); text is printed")
     _sampler_args(p)
 
     p = _command(sub, "demo", help="the main job: RL on a tiny model on the CPU, before/after table",
@@ -178,21 +188,75 @@ def setup_logging(quiet: bool = False) -> None:
     logger.propagate = False
 
 
+def _positive(kind: type) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` above 0, refused by argparse's one-line usage error otherwise."""
+
+    def parse(text: str) -> Any:
+        value = kind(text)  # not a number: argparse's "invalid int value"
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its message
+    return parse
+
+
+def _split_quoted_options(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`"--task-arg reward_args={url: ...}"`, an option and its value quoted as one word, as two words.
+
+    A shell line that quotes the whole pair (to keep a YAML value's spaces) hands argparse one word that
+    starts with -- and holds a space, which argparse reads as a positional argument and refuses. Only a
+    known option that takes a value is split, and never the value of the option before it."""
+    takes_value = {flag for action in parser._actions if isinstance(action.choices, dict)  # the subcommands
+                   for sub in action.choices.values() for a in sub._actions if a.nargs != 0
+                   for flag in a.option_strings}
+    out: list[str] = []
+    for word in argv:
+        flag, space, value = word.partition(" ")
+        if space and flag in takes_value and not (out and out[-1] in takes_value):
+            out += [flag, value]
+        else:
+            out.append(word)
+    return out
+
+
+def _import_from_working_directory() -> None:
+    """`module:function` names (--task, --reward, task.name=...) import my_tasks.py from the working
+    directory, as `python -m ddrl` does: the `ddrl` console script's sys.path starts at its own bin/
+    folder instead. Searched last, so a file there never shadows an installed module."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """What bad input and a bad environment raise: printed as one `ddrl: error:` line, exit code 2.
+    ValueError (bad values; ConfigError, UnicodeDecodeError), KeyError, OSError (a missing or unreadable
+    file, a port in use) and a reward server that is not reachable."""
+    from ddrl.rewards.server import RewardServerError
+
+    return ValueError, KeyError, OSError, RewardServerError
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(_split_quoted_options(parser, sys.argv[1:] if argv is None else list(argv)))
+    if extra and isinstance(getattr(args, "overrides", None), list) and all("=" in w and not w.startswith("-")
+                                                                             for w in extra):
+        args.overrides += extra  # key=value after a flag (`ddrl train CFG --resume train.steps=20`)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 0
     setup_logging(args.quiet)
+    _import_from_working_directory()
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         print("ddrl: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, KeyError, FileNotFoundError) as e:
-        from ddrl.training.trainer import NonFiniteError  # noqa: F401
-
+    except _user_errors() as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"ddrl: error: {msg}", file=sys.stderr)
         return 2
@@ -215,13 +279,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if getattr(args, "dry_run", False):
         from ddrl.training.memory import dry_run
 
-        print(dry_run(args.config, args.overrides, args.world_size, args.gpu_memory))
+        print(dry_run(args.config, [*args.overrides, *_train_flags(args)], args.world_size, args.gpu_memory))
         return 0
     from ddrl.training.trainer import train
 
-    import os
-
-    run_dir = train(args.config, args.overrides)
+    run_dir = train(args.config, [*args.overrides, *_train_flags(args)])
     if os.environ.get("RANK", "0") == "0":
         print(f"run directory: {run_dir}")
     import torch.distributed as dist
@@ -229,6 +291,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if dist.is_initialized():  # a clean exit under torchrun: gloo/nccl threads stopped before teardown
         dist.destroy_process_group()
     return 0
+
+
+def _train_flags(args: argparse.Namespace) -> list[str]:
+    """--resume and --output-dir (the flags TRL users know) as the overrides they stand for, after
+    the others, so the flag wins over a key=value that says otherwise."""
+    flags = ["resume=true"] if args.resume else []
+    if args.output_dir is not None:
+        flags.append(f"output_dir={json.dumps(args.output_dir)}")  # quoted: a YAML scalar stays a string
+    return flags
 
 
 def _task_kwargs(items: list[str]) -> dict[str, Any]:
@@ -261,10 +332,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(f"task {result['task']}  n={result['n']}  accuracy={result['accuracy']:.3f}  "
-              f"mean_reward={result['mean_reward']:.3f}  ({result['seconds']:.1f}s)")
+              f"mean_reward={_reward_text(result)}  ({result['seconds']:.1f}s)")
         if args.k > 1:
             print(f"pass@{args.k}={result[f'pass@{args.k}']:.3f}")
     return 0
+
+
+def _reward_text(result: dict[str, Any]) -> str:
+    """mean_reward for a person: "none" when no completion got a valid reward (null in --json)."""
+    return "none (no valid reward)" if result["mean_reward"] is None else f"{result['mean_reward']:.3f}"
 
 
 def _eval_protocol(args: argparse.Namespace, task: Any) -> int:
@@ -285,7 +361,7 @@ def _eval_protocol(args: argparse.Namespace, task: Any) -> int:
         return 0
     print(f"task {result['task']}  protocol {result['protocol']}  n={result['n']}")
     for length, r in result["lengths"].items():
-        print(f"  gen_length {length:>4}: accuracy={r['accuracy']:.3f}  mean_reward={r['mean_reward']:.3f}  "
+        print(f"  gen_length {length:>4}: accuracy={r['accuracy']:.3f}  mean_reward={_reward_text(r)}  "
               f"({r['seconds']:.1f}s)")
     return 0
 
@@ -293,7 +369,8 @@ def _eval_protocol(args: argparse.Namespace, task: Any) -> int:
 def _cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from ddrl.data import check_modality, decode_completions, encode_prompts, model_stop_ids, prompt_budget
+    from ddrl.data import (check_modality, decode_completions, encode_prompts, model_modalities, model_stop_ids,
+                           prompt_budget)
     from ddrl.eval.runner import default_sampler
     from ddrl.registry import SAMPLERS
     from ddrl.sampling.base import sample_in_chunks
@@ -307,7 +384,11 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         if getattr(model, "max_seq_len", None):
             gen_length = max(1, min(32, model.max_seq_len - len(model.tokenizer.encode(args.prompt)) - 1))
 
-    check_modality(model, _Len())  # it prints text: an image-only model is refused before sampling
+    # an image model's samples are images (written as a PNG grid below): sized and checked as an image task's
+    grid = _image_grid(model, args.gen_length) if "text" not in model_modalities(model) else None
+    if grid is not None:
+        _Len.modality, _Len.image_grid, _Len.gen_length = "image", grid, grid[0] * grid[1]
+    check_modality(model, _Len())  # what the model cannot generate is refused before sampling
     cfg = default_sampler(model, _Len(), key=FLAGS, **{k: getattr(args, k) for k in _SAMPLER_KEYS})
     check_sampler(cfg, FLAGS, block_size=getattr(model, "block_size", None) or None)  # named as flags
     max_prompt = prompt_budget(model, cfg, "--max-prompt-length", "--gen-length")
@@ -316,9 +397,33 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     g = torch.Generator().manual_seed(args.seed)
     with torch.no_grad():
         out = sample_in_chunks(SAMPLERS.get(cfg.name), model, ids, mask, cfg, generator=g)
+    if grid is not None:
+        from ddrl.data import decode_image_ids
+        from ddrl.rewards.pixels import save_image_grid
+
+        pixels = decode_image_ids(model, out.completion_ids, grid)  # [n, 3, H, W]
+        path = save_image_grid(pixels, args.output, captions=[args.prompt] * len(pixels))
+        print(f"{len(pixels)} image(s) of {grid[0]}x{grid[1]} codes written to {path}")
+        return 0
     for text in decode_completions(model.tokenizer, out.completion_ids, model_stop_ids(model)):
         print(text)
     return 0
+
+
+def _image_grid(model: Any, gen_length: int | None) -> tuple[int, int]:
+    """(h, w) image codes per sample: the model's image_shape, else a square of --gen-length codes."""
+    import math
+
+    shape = getattr(model, "image_shape", None)
+    if shape is not None and gen_length in (None, shape[0] * shape[1]):
+        return int(shape[0]), int(shape[1])
+    side = math.isqrt(gen_length or 0)
+    if gen_length is None or side * side != gen_length or shape is not None:
+        want = f"{shape[0]}x{shape[1]} = {shape[0] * shape[1]}" if shape is not None else "a square h*h"
+        got = "none" if gen_length is None else gen_length
+        raise ValueError(f"this model samples images: --gen-length is its image codes per sample, {want} (64 for "
+                         f"an 8x8 grid, as checkpoints/digits-ursa; 1024 for 32x32, URSA at 512 px); got {got}")
+    return side, side
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ once, before any compute.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 
 import yaml
 
+log = logging.getLogger(__name__)
 
 class ConfigError(ValueError):
     """A configuration problem, with a message that names the key and the fix."""
@@ -472,12 +474,34 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
     bases = data.pop("base", None)
     data = _migrate_legacy(data)
+    data = {k: v if k == "output_dir" else _beside_the_config(v, path, k) for k, v in data.items()}
     if bases is None:
         return data
     merged: dict[str, Any] = {}
     for base in [bases] if isinstance(bases, str) else list(bases):
         merged = _deep_merge(merged, _read_yaml(path.parent / str(base), (*chain, path.resolve())))
     return _deep_merge(merged, data)
+
+
+def _beside_the_config(value: Any, config: Path, key: str) -> Any:
+    """A relative path in a config file, read from the working directory as the shell reads it, or,
+    when nothing is there, from the config file's folder or the nearest folder above it that holds
+    it: the shipped configs name checkpoints/ and runs/ from the repository root, so
+    `ddrl train /repo/configs/rl/x.yaml` runs from any directory, as `ddrl demo` does. Only a value
+    with a folder part (a/b) that exists there is rewritten (logged); output_dir, an output, never is."""
+    if isinstance(value, dict):
+        return {k: _beside_the_config(v, config, f"{key}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_beside_the_config(v, config, f"{key}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str) or "/" not in value or ":" in value or Path(value).is_absolute() \
+            or Path(value).exists():  # not a relative path (ddrl:NAME, http://, module:attr), or found here
+        return value
+    for folder in (config.resolve().parent, *config.resolve().parent.parents):
+        if (folder / value).exists():
+            log.info("%s: %s is not in the working directory; using %s (found from %s)", key, value,
+                     folder / value, config)
+            return str(folder / value)
+    return value
 
 
 def load_config(source: str | Path | dict[str, Any] | None, overrides: list[str] | None = None, cls: type = RLConfig) -> Any:

@@ -66,6 +66,10 @@ def prompt_budget(model: Any, sampler: Any, option: str = "rollout.max_prompt_le
     if not max_seq_len:
         return None
     budget = max_seq_len - sampler.gen_length
+    if budget < 0:  # no prompt fits, not even an empty one
+        raise ValueError(f"{length_option}={sampler.gen_length} does not fit: the model accepts max_seq_len="
+                         f"{max_seq_len} tokens in all; set {length_option} to at most {max_seq_len} (the task's "
+                         f"completions are that long or shorter)")
     n = getattr(sampler, "max_prompt_length", None)
     if n is not None and n > budget:
         raise ValueError(f"{option}={n} does not fit: the model accepts max_seq_len={max_seq_len} tokens and "

@@ -71,7 +71,8 @@ def import_object(path: str, what: str) -> Any:
     except ModuleNotFoundError as e:
         # the module (or its package) is missing, not something it imports: say where Python looks
         missing_itself = bool(e.name) and (module_name + ".").startswith(f"{e.name}.")
-        hint = "; put the folder that holds it on PYTHONPATH (PYTHONPATH=. for the current one)"
+        hint = ("; the `ddrl` command imports from the working directory, Python from sys.path: put the folder "
+                "that holds it on PYTHONPATH (PYTHONPATH=. for the current one)")
         raise ValueError(f"{what}: cannot import {module_name!r}: {e}{hint if missing_itself else ''}") from None
     obj = module
     for part in attr.split("."):

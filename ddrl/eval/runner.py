@@ -144,6 +144,7 @@ def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerCon
         examples = split_examples(task, split, n, seed)
     if not examples:
         raise ValueError(f"task {task.name!r} returned no {split} examples; check its data path/arguments")
+    check_samples_can_differ(task, examples, sampler, k)
     rows, stats = sample_and_score(model, examples, sampler, task_scoring(task), seed=split_sampler_seed(seed, split),
                                    k=k, batch_size=batch_size, shard=shard)
     clusters = cluster_keys(task, examples)
@@ -163,6 +164,21 @@ def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerCon
     if output_jsonl is not None:
         write_rows(output_jsonl, rows)
     return result
+
+
+def check_samples_can_differ(task: Any, examples: list[dict], sampler: SamplerConfig, k: int = 1) -> None:
+    """Refuse, before any compute, an evaluation whose samples are one sample repeated: every example has
+    the same prompt (an unconditional task: DNA, a class-free generator) and the sampler is greedy
+    (temperature 0), so all n x k samples are one sequence and every statistic of them (mean reward,
+    distinct samples, k-mer correlation) describes a single draw."""
+    if sampler.temperature != 0 or len(examples) * k < 2:
+        return
+    prompts = {repr(ex.get("prompt")) for ex in examples}
+    if len(prompts) == 1:
+        raise ValueError(f"task {getattr(task, 'name', task)!r}: all {len(examples)} examples share one prompt "
+                         f"({next(iter(prompts))}: an unconditional task) and temperature 0 (greedy) decodes it to "
+                         f"one and the same sample {len(examples) * k} times; evaluate with temperature 1 "
+                         f"(--temperature 1; eval.temperature=1.0 in a training config)")
 
 
 def sample_and_score(model: Any, examples: list[dict], sampler: SamplerConfig, scoring: Scoring, *,
@@ -276,10 +292,13 @@ def first_scores(rows: list[dict[str, Any]]) -> list[float]:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """n, accuracy (the mean of first_scores), mean_reward."""
+    """n, accuracy (the mean of first_scores), mean_reward over the valid rewards and their count.
+
+    A reward of None (not applicable, a server that did not answer) or NaN is not a score: mean_reward
+    is None (JSON null) when no completion got a valid one, never a 0.0 that reads as a measurement."""
     valid = [r for row in rows for r in row["rewards"] if r is not None and math.isfinite(r)]
     return {"n": len(rows), "accuracy": sum(first_scores(rows)) / len(rows),
-            "mean_reward": sum(valid) / len(valid) if valid else 0.0}
+            "mean_reward": sum(valid) / len(valid) if valid else None, "valid_rewards": len(valid)}
 
 
 def pass_at_k(rows: list[dict[str, Any]], k: int, clusters: Any = None) -> dict[str, Any]:

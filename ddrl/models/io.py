@@ -283,15 +283,27 @@ _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.
                        "U8": torch.uint8, "BOOL": torch.bool}
 
 
+@contextlib.contextmanager
+def open_safetensors(file: str | Path) -> Iterator[Any]:
+    """safetensors' safe_open, with a damaged file (cut short by a full disk or a killed copy, or not
+    safetensors at all) a ModelDirectoryError naming it, raised when the header or a tensor is read."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            yield f
+    except SafetensorError as e:
+        raise ModelDirectoryError(f"weight file {str(file)!r} is damaged or not a safetensors file ({e}); copy "
+                                  f"it again from its source, or load another checkpoint") from None
+
+
 def read_safetensors(file: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of one safetensors file. Under `with torch.device("meta")` only the header is
     read: meta tensors of the stored shapes and dtypes, so a rank that will receive its weights by
     broadcast (ddrl.training.checkpoint.load_model_on_rank0) builds the model without reading them."""
-    from safetensors import safe_open
-
     on_meta = torch.get_default_device().type == "meta"
     state = {}
-    with safe_open(str(file), framework="pt") as f:
+    with open_safetensors(file) as f:
         for name in f.keys():
             if on_meta:
                 header = f.get_slice(name)

@@ -253,12 +253,12 @@ def load_lightning_checkpoint(path: str | Path, *, device: torch.device | str | 
 def load_dir(path: str | Path, *, device: torch.device | str | None = None,
              dtype: torch.dtype | None = None) -> MDLMDNADiffusionLM:
     """A directory written by MDLMDNADiffusionLM.save_pretrained -> DiffusionLM."""
-    from safetensors.torch import load_file
+    from ddrl.models.io import read_safetensors
 
     raw = json.loads((Path(path) / "config.json").read_text())
     config = MDLMDNAConfig(**{f.name: raw[f.name] for f in fields(MDLMDNAConfig) if f.name in raw})
     backbone = MDLMDNABackbone(config)
-    backbone.load_state_dict(load_file(str(Path(path) / "model.safetensors")), strict=True)
+    backbone.load_state_dict(read_safetensors(Path(path) / "model.safetensors"), strict=True)
     model = _wrap(backbone)
     return model.to(device=device, dtype=dtype) if (device is not None or dtype is not None) else model
 

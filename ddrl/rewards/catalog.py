@@ -63,7 +63,8 @@ def build_image_reward(spec: str, args: dict[str, Any] | None = None, *, what: s
     except TypeError as e:
         how = "" if spec in IMAGE_REWARDS else ("; with arguments, module:function is a factory that returns the "
                                                  "reward, without them the function is the reward")
-        raise ValueError(f"{what} {spec!r}: bad arguments {args}: {e}{how}") from None
+        raise ValueError(f"{what} {spec!r}: bad arguments {args}: {e}{how}; give them as reward_args in a config, "
+                         f"--arg KEY=VALUE to ddrl serve-reward") from None
     if not callable(reward):
         raise ValueError(f"{what} {spec!r} called with {args} returned an object of type {type(reward).__name__}, "
                          f"not a reward function; without arguments the function itself is the reward")

@@ -274,7 +274,11 @@ def serve_reward(reward: Callable[..., list[float | None]], host: str = "127.0.0
     """Serve `reward` on host:port (port 0: a free one; .url says which). background=True runs it in
     a daemon thread and returns at once (tests, a trainer that starts its own); else the caller runs
     .serve_forever(). Stop it with .shutdown() and .server_close()."""
-    server = RewardServer(reward, host, port, name or getattr(reward, "__name__", type(reward).__name__))
+    try:
+        server = RewardServer(reward, host, port, name or getattr(reward, "__name__", type(reward).__name__))
+    except OSError as e:  # the address is taken, or not this machine's
+        raise OSError(f"cannot serve the reward at {host}:{port}: {e.strerror or e}; pick a free port (--port N; "
+                      f"0 = any free one) or an address of this machine (--host)") from None
     if background:
         threading.Thread(target=server.serve_forever, name="ddrl-reward-server", daemon=True).start()
     return server

@@ -30,6 +30,7 @@ first threshold, 4.56 on gosai_all); the paper reports the median activity and A
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -39,7 +40,6 @@ from ddrl.registry import TASKS
 from ddrl.tasks.paper_data import DataSource, FileTask
 
 BASES = "ACGT"
-ORACLE_KINDS = ("torchscript", "module", "grelu")
 
 
 def one_hot_dna(seqs: list[str]) -> torch.Tensor:
@@ -48,21 +48,61 @@ def one_hot_dna(seqs: list[str]) -> torch.Tensor:
     return torch.nn.functional.one_hot(ids, 4).float().permute(0, 2, 1)
 
 
-def load_oracle(oracle: Any, kind: str = "torchscript") -> torch.nn.Module:
-    """A module, or a file of `kind` -> an eval-mode module."""
-    if isinstance(oracle, torch.nn.Module):
-        return oracle.eval()
-    if kind not in ORACLE_KINDS:
-        raise ValueError(f"oracle_kind={kind!r}; choose one of: {', '.join(ORACLE_KINDS)}")
-    if kind == "torchscript":
-        return torch.jit.load(str(oracle), map_location="cpu").eval()
-    if kind == "module":
-        return torch.load(str(oracle), map_location="cpu", weights_only=False).eval()  # a trusted pickled module
+def _load_grelu(path: str) -> Any:
     try:
         from grelu.lightning import LightningModel
     except ImportError:
         raise ValueError("oracle_kind='grelu' needs gReLU: pip install 'ddrl[dna]'") from None
-    return LightningModel.load_from_checkpoint(str(oracle), map_location="cpu").eval()
+    return LightningModel.load_from_checkpoint(path, map_location="cpu")
+
+
+ORACLE_LOADERS: dict[str, Callable[[str], Any]] = {
+    "torchscript": lambda path: torch.jit.load(path, map_location="cpu"),
+    "module": lambda path: torch.load(path, map_location="cpu", weights_only=False),  # a trusted pickled module
+    "grelu": _load_grelu,  # a gReLU LightningModel checkpoint
+}
+
+
+def load_oracle(oracle: Any, kind: str = "torchscript") -> torch.nn.Module:
+    """A module, or a file of `kind` -> an eval-mode module; a file that is missing or not of that
+    kind is an error naming it."""
+    if isinstance(oracle, torch.nn.Module):
+        return oracle.eval()
+    if kind not in ORACLE_LOADERS:
+        raise ValueError(f"oracle_kind={kind!r}; choose one of: {', '.join(ORACLE_LOADERS)}")
+    if not Path(str(oracle)).is_file():
+        raise ValueError(f"oracle file {str(oracle)!r} does not exist")
+    try:
+        module = ORACLE_LOADERS[kind](str(oracle))
+    except ValueError:  # ours: a missing optional package
+        raise
+    except Exception as e:  # noqa: BLE001 - torch.jit, pickle and Lightning each raise their own kinds
+        raise ValueError(f"oracle file {str(oracle)!r} cannot be read as oracle_kind={kind!r} ({_first_line(e)}); "
+                         f"pass a TorchScript file (torch.jit.save: oracle_kind=torchscript), a pickled torch module "
+                         f"(oracle_kind=module) or a gReLU checkpoint (oracle_kind=grelu)") from None
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(f"oracle file {str(oracle)!r} holds a {type(module).__name__}, not a torch module; save the "
+                         f"module itself (torch.save(module) or torch.jit.save)")
+    return module.eval()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def check_oracle(oracle: torch.nn.Module, seq: str, column: int, name: str) -> None:
+    """Run the oracle once on `seq` (a data row): it must take one-hot [1, 4, L] of the data's length
+    and predict column `column`, so a wrong oracle fails here, before any compute, not at the first reward."""
+    try:
+        pred = oracle_predictions(oracle, [seq])
+    except Exception as e:  # noqa: BLE001 - the module's own error (a shape mismatch, mostly)
+        raise ValueError(f"task dna_enhancer: {name} fails on the data's {len(seq)}-bp sequences, one-hot "
+                         f"[1, 4, {len(seq)}] ({_first_line(e)}); use the oracle trained for sequences of this "
+                         f"length") from None
+    if not 0 <= column < pred.shape[1]:
+        raise ValueError(f"task dna_enhancer: {name} predicts {pred.shape[1]} column(s); column {column} does not "
+                         f"exist (target / atac_column count from 0)")
 
 
 def oracle_predictions(oracle: torch.nn.Module, seqs: list[str], batch_size: int = 256) -> np.ndarray:
@@ -113,7 +153,6 @@ def mdlm_log_likelihood(model: Any, ids: torch.Tensor, steps: int = 128, *, gene
 @TASKS.register("dna_enhancer")
 class DNAEnhancerTask(FileTask):
     name = "dna_enhancer"
-    gen_length = 200
     format = "compact"
 
     def __init__(self, path: str | None = None, train_path: str | None = None, test_path: str | None = None,
@@ -131,18 +170,52 @@ class DNAEnhancerTask(FileTask):
             raise ValueError("task dna_enhancer needs oracle= (a torch module or a local file; nothing is downloaded)")
         self._init_source(DataSource(self.name, path=path, train_path=train_path, test_path=test_path, split=split,
                                      test_fraction=test_fraction, dev_fraction=dev_fraction))
+        self.seq_column, self.activity_column = seq_column, activity_column
+        self._first: tuple[int, str] | None = None  # (length, where) of the first data row read
+        self._reference: tuple[Counter, int, float] | None = None
         self.oracle = load_oracle(oracle, oracle_kind)
         self.atac_oracle = None if atac_oracle is None else load_oracle(atac_oracle, atac_kind)
         self.target, self.atac_column, self.top_quantile = int(target), int(atac_column), float(top_quantile)
         self.likelihood_model, self.likelihood_steps = likelihood_model, int(likelihood_steps)
-        self.seq_column, self.activity_column = seq_column, activity_column
-        self._reference: tuple[Counter, int, float] | None = None
+        probe = self._data_rows()[0]["seq"]  # reads (and checks) the data now, before any compute
+        check_oracle(self.oracle, probe, self.target, f"oracle {oracle!r}")
+        if self.atac_oracle is not None:
+            check_oracle(self.atac_oracle, probe, self.atac_column, f"atac_oracle {atac_oracle!r}")
 
     def _example(self, row: dict[str, Any], where: str) -> dict[str, Any]:
         seq = str(row.get(self.seq_column, "")).upper()
         if not seq or any(c not in BASES for c in seq):
             raise ValueError(f"{where}: column {self.seq_column!r} must be an ACGT sequence, got {seq[:20]!r}")
-        return {"prompt": "", "seq": seq, "activity": float(row[self.activity_column])}
+        if self._first is None:
+            self._first = (len(seq), where)
+        elif len(seq) != self._first[0]:
+            raise ValueError(f"{where}: a {len(seq)}-bp sequence, but {self._first[1]} has {self._first[0]} bp; every "
+                             f"sequence of the data has one length (what the model generates and the oracle reads)")
+        if self.activity_column not in row:
+            raise ValueError(f"{where}: no column {self.activity_column!r} (activity_column); the row has "
+                             f"{', '.join(map(repr, row))}")
+        try:
+            activity = float(row[self.activity_column])
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: column {self.activity_column!r} must be a number, got "
+                             f"{row[self.activity_column]!r}") from None
+        return {"prompt": "", "seq": seq, "activity": activity}
+
+    def _data_rows(self) -> list[dict[str, Any]]:
+        """The rows of the test split, or of the train split when there is no test file."""
+        rows = self._split_rows("test" if self.source.has("test") else "train")
+        if not rows and self._first is None:
+            source = self.source.path or self.source.test_path or self.source.train_path or self.source.dataset
+            raise ValueError(f"task dna_enhancer: the data ({source}) has no rows")
+        return rows
+
+    @property
+    def gen_length(self) -> int:  # type: ignore[override]
+        """The data's sequence length: what the model generates (`ddrl eval`'s default --gen-length)."""
+        if self._first is None:
+            self._data_rows()
+        assert self._first is not None
+        return self._first[0]
 
     def _split_key(self, example: dict[str, Any]) -> str:
         return example["seq"]
@@ -181,7 +254,12 @@ class DNAEnhancerTask(FileTask):
         lengths = {len(completions[i]) for i in ok}
         for length in lengths:
             idx = [i for i in ok if len(completions[i]) == length]
-            pred = oracle_predictions(self.oracle, [completions[i] for i in idx])[:, self.target]
+            try:
+                pred = oracle_predictions(self.oracle, [completions[i] for i in idx])[:, self.target]
+            except RuntimeError as e:  # the oracle takes the data's length only
+                raise ValueError(f"task dna_enhancer: the oracle fails on {length}-bp completions ({_first_line(e)}); "
+                                 f"the data's sequences are {self.gen_length} bp: set rollout.gen_length="
+                                 f"{self.gen_length} (--gen-length {self.gen_length})") from None
             for i, p in zip(idx, pred):
                 out[i] = float(p)
         return out

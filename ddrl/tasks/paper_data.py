@@ -35,6 +35,7 @@ train examples get `preset.prompt(example)` as their "prompt", dev and test exam
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -68,11 +69,10 @@ def numbered_records(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
             raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow "
                               f"(or convert the file to .jsonl)") from None
         return [(f"record {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist(), start=1)]
+    text = read_utf8(path)
     if suffix == ".csv":
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            return [(f"record {i} (line {reader.line_num})", dict(row)) for i, row in enumerate(reader, start=1)]
-    text = path.read_text(encoding="utf-8")
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        return [(f"record {i} (line {reader.line_num})", dict(row)) for i, row in enumerate(reader, start=1)]
     if suffix == ".txt":  # a prompt list (PickScore's, OCR's): one prompt a line, blank lines skipped
         lines = [(n, line.strip()) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
         return [(f"record {i} (line {n})", {"prompt": line}) for i, (n, line) in enumerate(lines, start=1)]
@@ -94,6 +94,18 @@ def numbered_records(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
         if not isinstance(row, dict):
             raise ValueError(f"{path} {label}: every record must be a JSON object, got {type(row).__name__}")
     return rows
+
+
+def read_utf8(path: Path) -> str:
+    """A data file's text; a file that is not UTF-8 is an error naming it and its first bad byte."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"data file {str(path)!r} is not UTF-8 text: byte {e.start} (line {line}) is "
+                         f"0x{data[e.start]:02x} ({e.reason}); save it as UTF-8, e.g. "
+                         f"`iconv -f latin1 -t utf-8 {path.name} > fixed{path.suffix}`") from None
 
 
 def load_hub(dataset: str, config: str | None, split: str) -> list[dict[str, Any]]:

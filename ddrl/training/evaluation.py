@@ -27,6 +27,7 @@ class TrainingEvaluation:
         self.history: list[dict[str, Any]] = []  # eval.split's scores, for choices
         self.report: dict[str, dict[str, Any]] = {}  # eval.report_split's, before and after: for reporting
         self.split = self._resolve_split()
+        self._check_samples_can_differ()
 
     def _resolve_split(self) -> str:
         """eval.split, or test with a notice when the task has no dev split (a user's task given only
@@ -43,6 +44,23 @@ class TrainingEvaluation:
                 print(f"eval: {why}; evaluating on test instead (eval.split=test silences this)")
             return "test"
         return split
+
+    def _sampler(self) -> SamplerConfig:
+        """The rollout's sampler at eval.temperature and eval.steps."""
+        e = self.cfg.eval
+        return SamplerConfig(**{**vars(self.cfg.rollout), "temperature": e.temperature,
+                                "steps": e.steps or self.cfg.rollout.steps})
+
+    def _check_samples_can_differ(self) -> None:
+        """A greedy evaluation of an unconditional task (one sample repeated) is refused before training,
+        not after it (ddrl.eval.runner.check_samples_can_differ)."""
+        from ddrl.eval.runner import check_samples_can_differ
+        from ddrl.tasks.base import split_examples
+
+        e = self.cfg.eval
+        if e.n > 1 and e.temperature == 0:
+            examples = split_examples(self.task, self.split, e.n, self.cfg.seed if e.seed is None else e.seed)
+            check_samples_can_differ(self.task, examples, self._sampler())
 
     def before_training(self) -> dict[str, Any]:
         """eval_before/* and report_before/*: the model before RL, logged on the first training row."""
@@ -72,8 +90,7 @@ class TrainingEvaluation:
             return {}
         n = n or e.n
         split = split or self.split
-        sampler = SamplerConfig(**{**vars(self.cfg.rollout), "temperature": e.temperature,
-                                   "steps": e.steps or self.cfg.rollout.steps})
+        sampler = self._sampler()
         name = f"step-{step}.jsonl" if tag == "eval" else f"{tag}-step-{step}.jsonl"
         samples_path = self.run_dir / "eval" / name if self.dist.is_main else None
         with self.autocast, gathered_parameters(self.model):  # FSDP2: ranks make different numbers of calls

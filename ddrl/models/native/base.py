@@ -44,13 +44,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ddrl.logits import take_positions
-from ddrl.models.io import ModelDirectoryError, read_safetensors
+from ddrl.models.io import ModelDirectoryError, open_safetensors, read_safetensors
 from ddrl.registry import Registry
 
 NATIVE_FAMILIES = Registry("native model family")
@@ -97,7 +96,7 @@ def weight_names(directory: Path, file: str = SAFETENSORS_FILE) -> set[str]:
     so a directory of the wrong family fails before gigabytes are read."""
     names: set[str] = set()
     for path in weight_files(directory, file):
-        with safe_open(str(path), framework="pt") as f:
+        with open_safetensors(path) as f:
             names.update(f.keys())
     return names
 
