@@ -496,9 +496,12 @@ class Trainer:
 
     def _seed(self, batch: RolloutBatch, step: int, k: int, role: str) -> int:
         """Shared masks: the batch's seed for iteration k (iteration 0's when the method reuses masks)
-        for old/ref/current. Fresh masks: a new seed per pass role."""
+        for old/ref/current. Fresh masks: a new seed per pass role and micro-batch, keyed by the
+        micro-batch's first global group (the planner's extras["group"]), never by the rank: with one
+        group per micro-batch (train.micro_batch_size = group_size, StableDRL's released setting)
+        each group draws its own masks and 1 and N processes draw the same ones."""
         if self.method.fresh_masks:
-            return derive_seed(self.cfg.seed, "fresh", step, k, role, self.dist.rank) % 2**62
+            return derive_seed(self.cfg.seed, "fresh", step, k, role, batch.extras["group"]) % 2**62
         return int(batch.mask_seeds[self.method.mask_seed_iteration(k)])
 
     def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, Any]:
