@@ -15,7 +15,9 @@ computes only that:
 Read the needs_* flags on an instance: where beta decides (needs_ref) or an option does
 (needs_trajectory with token_weights), they are properties computed from the fields.
 Rows with an invalid reward (batch.reward_valid False) carry no loss at all.
-Stats are detached 0-d tensors describing this micro-batch (means/maxima over its rows/tokens).
+Stats are detached 0-d tensors describing this micro-batch (means/maxima over its rows/tokens); the
+trainer logs each as its mean over the real micro-batches of every rank, except the counts named in
+COUNTED_STATS, which it sums over them (rows per optimizer step).
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ from torch import Tensor
 
 from ddrl.objectives.aggregation import AggregationCounts
 from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
+
+
+# Stats that count (rows of a micro-batch): logged as their sum over an optimizer step's micro-batches
+# and ranks, which does not depend on how the step is split. Every other stat is a mean.
+COUNTED_STATS = frozenset({"train_rows"})
 
 
 @dataclass
