@@ -23,6 +23,7 @@ COUNTED_STATS, which it sums over them (rows per optimizer step).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -155,8 +156,10 @@ def inject_ratio_noise(log_ratio: Tensor, std: float, seed: int | Tensor) -> Ten
     return log_ratio + noise.to(device=log_ratio.device, dtype=log_ratio.dtype)
 
 
-def noise_seed(batch: RolloutBatch) -> int:
-    return int(batch.mask_seeds.reshape(-1)[0]) if batch.mask_seeds.numel() else 0
+def noise_seed(batch: RolloutBatch) -> int | Tensor:
+    """The batch's first mask seed, for inject_ratio_noise: left a 0-d tensor, read only when noise is
+    added (std > 0), so the default loss reads no value on the host."""
+    return batch.mask_seeds.reshape(-1)[0] if batch.mask_seeds.numel() else 0
 
 
 def clipped_surrogate(log_ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:
@@ -173,9 +176,15 @@ def clipped_surrogate(log_ratio: Tensor, adv: Tensor, eps_low: float, eps_high: 
 
 
 def masked_stat(values: Tensor, mask: Tensor, reduce: str = "mean") -> Tensor:
-    """Detached mean / max of values over mask (0 when empty), for logging."""
+    """Detached mean / max of values over mask (0 when empty), for logging. mask covers the leading
+    dimensions of values. Masked sums, not boolean indexing: the selected count is never read on the
+    host, so a stat costs the step no device sync."""
     with torch.no_grad():
-        v = values.detach().float()[mask]
-        if v.numel() == 0:
-            return torch.zeros((), device=values.device)
-        return v.mean() if reduce == "mean" else v.max()
+        v = values.detach().float()
+        m = mask.bool().reshape(*mask.shape, *(1,) * (v.dim() - mask.dim())).expand_as(v)
+        n = m.sum()
+        if reduce == "mean":
+            stat = torch.where(m, v, 0.0).sum() / n.clamp(min=1)
+        else:
+            stat = torch.where(m, v, -math.inf).amax() if v.numel() else v.new_zeros(())
+        return torch.where(n > 0, stat, 0.0)
