@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 row[strategy] = {**compare(one, many, args.model), "seconds": seconds}
                 r = row[strategy]
                 print(f"| {method} | {strategy} | {'ok' if r['ok'] else 'DIFFERS'} | {r['weights_max_diff']:.1e} | "
-                      f"{r['optimizer_steps']} | " + ", ".join(f"{k} {m['one']}/{m['many']}" for k, m in r["metrics"].items())
-                      + " |",
+                      f"{r['optimizer_steps']} | "
+                      + ", ".join(f"{k} {m['one']}/{m['many']}" for k, m in r["metrics"].items()) + " |",
                       flush=True)
             results["methods"][method] = row
     results["all_ok"] = all(r[s]["ok"] for r in results["methods"].values() for s in args.strategies)
