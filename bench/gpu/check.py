@@ -27,6 +27,9 @@ stopped by its time limit still leaves every finished number):
   offload   the full step at the larger reduced depth through ddrl's own sharding with
             dist.cpu_offload (FSDP2's CPUOffloadPolicy: fp32 master, gradients and AdamW state in
             host memory, the optimizer step on the CPU): how full fine-tuning of 8B fits one H200.
+            It clips the gradients as the trainer does (train.max_grad_norm: clip_grad_norm_ and
+            full_tensor on the host-memory gradients) in the trainer's process group for offload
+            (cpu:gloo,cuda:nccl, ddrl.training.distributed.process_group_backend).
             32 blocks would hold ~128 GB of host memory, about all the lent machine has.
   memory    the measured peaks of the LoRA and offload steps against ddrl.training.memory's
             estimate of the same setting (held state + the update phase), as a ratio.
@@ -111,6 +114,7 @@ class Workload:
     full_depths: tuple[int, int]  # the two reduced depths of the full fine-tuning step
     repeats: int  # timed update steps (median)
     lr: float = 1e-6  # the paper recipes' learning rate: what bf16 weights cannot absorb
+    max_grad_norm: float = 1.0  # the offload step clips as the recipes do (train.max_grad_norm)
 
     @property
     def rows(self) -> int:
@@ -351,9 +355,11 @@ def rollout_section(model, shape: Shape, wl: Workload, device: torch.device, cac
     return out
 
 
-def update_step(model, estimator, objective, batch, opt, micro_batch: int, device: torch.device) -> torch.Tensor:
-    """estimator (grad) -> objective -> backward per micro-batch -> one optimizer step. old = sg(new)
-    and ref = sg(new) (ratio 1, KL 0: the passes that produce them are timed as `score_pass`)."""
+def update_step(model, estimator, objective, batch, opt, micro_batch: int, device: torch.device,
+                max_grad_norm: float | None = None, norms: list[float] | None = None) -> torch.Tensor:
+    """estimator (grad) -> objective -> backward per micro-batch -> [clip] -> one optimizer step.
+    old = sg(new) and ref = sg(new) (ratio 1, KL 0: the passes that produce them are timed as
+    `score_pass`). max_grad_norm: clip as the trainer does, the pre-clip norm appended to `norms`."""
     from ddrl.objectives import AggregationCounts
 
     counts = AggregationCounts(tokens=float(batch.completion_mask.sum()), sequences=float(len(batch)))
@@ -366,6 +372,11 @@ def update_step(model, estimator, objective, batch, opt, micro_batch: int, devic
             part = objective(mb, new, new.detach(), new.detach(), counts=counts).loss
         part.backward()
         loss = loss + part.detach()
+    if max_grad_norm is not None:  # the trainer's clip: a norm over the (possibly host-memory) sharded gradients
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        if norms is not None:
+            norms.append(float(norm))
     opt.step()
     return loss
 
@@ -378,9 +389,11 @@ def score_pass(model, estimator, batch, micro_batch: int, device: torch.device) 
 
 
 def measure_update(model, shape: Shape, wl: Workload, device: torch.device, opt, per_param: int,
-                   peak_flops: float, after_warmup: Callable[[], None] | None = None) -> dict[str, Any]:
+                   peak_flops: float, after_warmup: Callable[[], None] | None = None,
+                   max_grad_norm: float | None = None) -> dict[str, Any]:
     """One warm-up step (then `after_warmup()`), wl.repeats timed steps (median), peak memory over the
-    timed steps; a timed no-grad score pass; model FLOPs and MFU of both."""
+    timed steps; a timed no-grad score pass; model FLOPs and MFU of both. max_grad_norm: every step
+    clips (the pre-clip norms are reported)."""
     import ddrl.estimators  # noqa: F401  (registration)
     import ddrl.objectives  # noqa: F401
     from ddrl.registry import ESTIMATORS, OBJECTIVES
@@ -390,14 +403,15 @@ def measure_update(model, shape: Shape, wl: Workload, device: torch.device, opt,
     batch = rollout_batch(shape, wl, device)
     params = matmul_params(model)
     model.train()
-    loss = update_step(model, estimator, objective, batch, opt, wl.micro_batch, device)  # warm-up
+    norms: list[float] = []
+    loss = update_step(model, estimator, objective, batch, opt, wl.micro_batch, device, max_grad_norm, norms)  # warm-up
     if after_warmup is not None:
         after_warmup()
     steady = allocated_gb(device)
     counter = TokenCount(model)
     reset_peak(device)
     seconds = [timed(device, lambda: update_step(model, estimator, objective, batch, opt, wl.micro_batch,
-                                                 device))[0] for _ in range(wl.repeats)]
+                                                 device, max_grad_norm, norms))[0] for _ in range(wl.repeats)]
     peak = peak_gb(device)
     tokens = counter.tokens / wl.repeats
     counter.tokens = 0
@@ -413,7 +427,9 @@ def measure_update(model, shape: Shape, wl: Workload, device: torch.device, opt,
             "model_flops_per_step": step_flops, "mfu": step_flops / step_s / peak_flops,
             "score_pass_s": score_s, "score_pass_mfu": score_flops / score_s / peak_flops,
             "matmul_params_blocks": params.blocks, "matmul_params_head": params.head,
-            "loss": float(loss), "loss_finite": math.isfinite(float(loss))}
+            "loss": float(loss), "loss_finite": math.isfinite(float(loss)),
+            **({} if max_grad_norm is None else {"max_grad_norm": max_grad_norm, "grad_norms": norms,
+                                                 "grad_norms_finite": all(map(math.isfinite, norms))})}
 
 
 def lora_section(model, shape: Shape, wl: Workload, device: torch.device, peak_flops: float) -> dict[str, Any]:
@@ -435,8 +451,9 @@ def lora_section(model, shape: Shape, wl: Workload, device: torch.device, peak_f
 
 
 @contextlib.contextmanager
-def one_process_group(device: torch.device) -> Iterator[None]:
-    """A 1-process nccl (CUDA) or gloo (CPU) group on a free local port, so FSDP2 runs as on N GPUs."""
+def one_process_group(device: torch.device, cpu_offload: bool = False) -> Iterator[None]:
+    """A 1-process nccl (CUDA) or gloo (CPU) group on a free local port, so FSDP2 runs as on N GPUs;
+    with cpu_offload, the trainer's group for dist.cpu_offload (cpu:gloo,cuda:nccl on CUDA)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -446,6 +463,10 @@ def one_process_group(device: torch.device) -> Iterator[None]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if cpu_offload:
+        from ddrl.training.distributed import process_group_backend
+
+        backend = process_group_backend(None, device, cpu_offload=True)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
@@ -473,7 +494,7 @@ def shard_mixed_precision(model, device: torch.device) -> None:
 
 
 def full_depth(shape: Shape, wl: Workload, device: torch.device, depth: int, peak_flops: float, *,
-               cpu_offload: bool = False) -> dict[str, Any]:
+               cpu_offload: bool = False, max_grad_norm: float | None = None) -> dict[str, Any]:
     from ddrl.training.common import build_optimizer
 
     model = build_llada(shape, device, torch.float32, n_layers=depth)
@@ -493,7 +514,8 @@ def full_depth(shape: Shape, wl: Workload, device: torch.device, depth: int, pea
         moved = float((local() - before).abs().max())
         out.update(master_update_max_abs=moved, weights_moved=moved > 0)
 
-    out.update(measure_update(model, shape, wl, device, opt, 6, peak_flops, after_warmup=first_update))
+    out.update(measure_update(model, shape, wl, device, opt, 6, peak_flops, after_warmup=first_update,
+                              max_grad_norm=max_grad_norm))
     return out  # the model and its optimizer go with this frame; full_section releases the memory
 
 
@@ -512,9 +534,12 @@ def offload_section(shape: Shape, wl: Workload, device: torch.device, peak_flops
     """Full fine-tuning, fp32 master weights, FSDP2 on one process with CPU offload, at the larger
     reduced depth: what stays on the GPU is the gathered bf16 blocks and the activations."""
     depth = wl.full_depths[1]
-    with one_process_group(device):
-        out = full_depth(shape, wl, device, depth, peak_flops, cpu_offload=True)
-    return {"strategy": "fsdp2 + CPUOffloadPolicy (dist.cpu_offload), 1 process", **out}
+    import torch.distributed as dist
+
+    with one_process_group(device, cpu_offload=True):
+        backend = str(dist.get_backend())
+        out = full_depth(shape, wl, device, depth, peak_flops, cpu_offload=True, max_grad_norm=wl.max_grad_norm)
+    return {"strategy": "fsdp2 + CPUOffloadPolicy (dist.cpu_offload), 1 process", "process_group": backend, **out}
 
 
 def memory_section(shape: Shape, wl: Workload, data: dict[str, Any]) -> dict[str, Any]:

@@ -147,13 +147,14 @@ def stratified_counts(lengths: Tensor, generator: torch.Generator) -> Tensor:
     We use the continuous form n_j = floor(((u + j/B) mod 1) * (len_j + 1)), u ~ U[0, 1): the same
     stratification for equal lengths, exactly uniform marginals (torch.round's half-to-even ties
     would skew them) and it also works when rows have different lengths.
-    lengths [B] long -> [B] long.
+    lengths [B] long -> [B] long. The lengths stay on their device (no host read): only the draw is
+    made on the CPU and sent there.
     """
     B = lengths.shape[0]
-    u = torch.rand((), generator=generator).item()
+    u = torch.rand((), generator=generator).double()  # float32 draw, exactly widened
     v = (u + torch.arange(B, dtype=torch.float64) / B) % 1.0  # [B] evenly spaced on the circle
-    n = torch.floor(v * (lengths.cpu().double() + 1)).long()
-    return torch.minimum(n, lengths.cpu()).to(lengths.device)
+    n = torch.floor(v.to(lengths.device) * (lengths.double() + 1)).long()
+    return torch.minimum(n, lengths)
 
 
 def masked_mean(values: Tensor, mask: Tensor, dim: int = -1) -> Tensor:

@@ -15,12 +15,15 @@ computes only that:
 Read the needs_* flags on an instance: where beta decides (needs_ref) or an option does
 (needs_trajectory with token_weights), they are properties computed from the fields.
 Rows with an invalid reward (batch.reward_valid False) carry no loss at all.
-Stats are detached 0-d tensors describing this micro-batch (means/maxima over its rows/tokens).
+Stats are detached 0-d tensors describing this micro-batch (means/maxima over its rows/tokens); the
+trainer logs each as its mean over the real micro-batches of every rank, except the counts named in
+COUNTED_STATS, which it sums over them (rows per optimizer step).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -29,6 +32,11 @@ from torch import Tensor
 
 from ddrl.objectives.aggregation import AggregationCounts
 from ddrl.types import EstimatorOutput, LossOutput, RolloutBatch
+
+
+# Stats that count (rows of a micro-batch): logged as their sum over an optimizer step's micro-batches
+# and ranks, which does not depend on how the step is split. Every other stat is a mean.
+COUNTED_STATS = frozenset({"train_rows"})
 
 
 @dataclass
@@ -148,8 +156,10 @@ def inject_ratio_noise(log_ratio: Tensor, std: float, seed: int | Tensor) -> Ten
     return log_ratio + noise.to(device=log_ratio.device, dtype=log_ratio.dtype)
 
 
-def noise_seed(batch: RolloutBatch) -> int:
-    return int(batch.mask_seeds.reshape(-1)[0]) if batch.mask_seeds.numel() else 0
+def noise_seed(batch: RolloutBatch) -> int | Tensor:
+    """The batch's first mask seed, for inject_ratio_noise: left a 0-d tensor, read only when noise is
+    added (std > 0), so the default loss reads no value on the host."""
+    return batch.mask_seeds.reshape(-1)[0] if batch.mask_seeds.numel() else 0
 
 
 def clipped_surrogate(log_ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:
@@ -166,9 +176,15 @@ def clipped_surrogate(log_ratio: Tensor, adv: Tensor, eps_low: float, eps_high: 
 
 
 def masked_stat(values: Tensor, mask: Tensor, reduce: str = "mean") -> Tensor:
-    """Detached mean / max of values over mask (0 when empty), for logging."""
+    """Detached mean / max of values over mask (0 when empty), for logging. mask covers the leading
+    dimensions of values. Masked sums, not boolean indexing: the selected count is never read on the
+    host, so a stat costs the step no device sync."""
     with torch.no_grad():
-        v = values.detach().float()[mask]
-        if v.numel() == 0:
-            return torch.zeros((), device=values.device)
-        return v.mean() if reduce == "mean" else v.max()
+        v = values.detach().float()
+        m = mask.bool().reshape(*mask.shape, *(1,) * (v.dim() - mask.dim())).expand_as(v)
+        n = m.sum()
+        if reduce == "mean":
+            stat = torch.where(m, v, 0.0).sum() / n.clamp(min=1)
+        else:
+            stat = torch.where(m, v, -math.inf).amax() if v.numel() else v.new_zeros(())
+        return torch.where(n > 0, stat, 0.0)

@@ -8,7 +8,9 @@ torchrun sets RANK / WORLD_SIZE / LOCAL_RANK; we init the process group from the
 gloo on CPU), give each rank whole prompt groups (so group advantages need no gather), and let
 DDP or FSDP2 (torch.distributed.fsdp.fully_shard) reduce gradients. Each rank's loss is scaled by
 world_size before backward, so that the engines' gradient *average* equals the gradient of the
-global loss (see objectives/aggregation.py). Logged metrics are averaged over ranks.
+global loss (see objectives/aggregation.py). Logged metrics mean the same at any world size: the
+update's statistics are summed with their counts over ranks, then divided (`StepSums`); the rest
+(rollout means over equal shares of rows, replicated values) is averaged over ranks.
 
 Mixed precision (model.mixed_precision=bf16 over fp32 parameters): under FSDP2 every fully_shard gets
 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): shards, gradients and AdamW state stay fp32,
@@ -65,17 +67,17 @@ class DistInfo:
 
 
 def init_distributed(backend: str | None, device: torch.device, *, timeout_s: float | None = None,
-                     one_rank_group: bool = False) -> DistInfo:
+                     one_rank_group: bool = False, cpu_offload: bool = False) -> DistInfo:
     """The process group torchrun's RANK / WORLD_SIZE describe, with collectives timing out after
-    timeout_s (dist.timeout). One process makes none, unless one_rank_group: FSDP2 (dist.cpu_offload
-    on one GPU) needs a process group even alone."""
+    timeout_s (dist.timeout), on `process_group_backend`'s backend. One process makes none, unless
+    one_rank_group: FSDP2 (dist.cpu_offload on one GPU) needs a process group even alone."""
     from datetime import timedelta
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1 and not one_rank_group:
         return DistInfo()
     if not dist.is_initialized():
-        backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+        backend = process_group_backend(backend, device, cpu_offload=cpu_offload)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         kwargs: dict[str, Any] = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
@@ -83,6 +85,18 @@ def init_distributed(backend: str | None, device: torch.device, *, timeout_s: fl
             kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
         dist.init_process_group(backend=backend, **kwargs)
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), grouped=True)
+
+
+def process_group_backend(backend: str | None, device: torch.device, *, cpu_offload: bool = False) -> str:
+    """init_process_group's backend: dist.backend, else nccl on GPU and gloo on CPU. With dist.cpu_offload
+    on a GPU, FSDP2 keeps the gradients in host memory and the norm that clip_grad_norm_ reduces over
+    ranks (and its full_tensor) lives there too, which an nccl-only group refuses ("No backend type
+    associated with device type cpu", pytorch#148532): the group gets gloo for CPU tensors beside nccl
+    for CUDA ones, "cpu:gloo,cuda:nccl" (torchtune's fix for the same failure)."""
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    if cpu_offload and device.type == "cuda" and backend == "nccl":
+        return "cpu:gloo,cuda:nccl"
+    return backend
 
 
 def check_whole_groups(prompts_per_step: int, world_size: int) -> None:
@@ -341,26 +355,80 @@ def all_reduce_max(x: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return x
 
 
+@dataclass
+class StepSums:
+    """A metric kept as one sum per optimizer step of the update over this rank's real (not padding)
+    micro-batches, with the count of those micro-batches. reduce_mean_dict sums both over ranks, then
+    divides: the logged value is mean_u (Σ_ranks total[u] / Σ_ranks count[u]), a step with no count
+    giving 0, which is the 1-process value at any world size (a mean of rank means was not: a rank
+    holding only padding logged nothing, and one with fewer micro-batches weighed more). count None:
+    the sum itself (a count of rows), mean_u Σ_ranks total[u]."""
+
+    total: torch.Tensor  # [U] float, one entry per optimizer step
+    count: torch.Tensor | None = None  # [U] float: real micro-batches of each optimizer step on this rank
+
+
 def reduce_mean_dict(stats: dict[str, Any], info: DistInfo, device: torch.device) -> dict[str, float]:
-    """Python floats of every metric, averaged over the ranks that logged it (a key one rank lacks,
-    e.g. a non-finite step counter, must not desynchronise the collective). Values may be floats or
-    0-d tensors on the device: they are stacked and copied to the host once, not one sync each."""
-    local = sorted(stats)
+    """Python floats of every metric over all ranks: StepSums reduced as sums and counts, then divided;
+    floats and 0-d tensors averaged over the ranks that logged them (a key one rank lacks, e.g. a
+    metric of a method option, must not desynchronise the collective). Values may live on the device:
+    they are stacked into one table, reduced with one all_reduce and copied to the host once."""
+    local = {k: _layout(v) for k, v in stats.items()}  # key -> (kind, entries)
     if info.enabled:
-        key_sets: list[Any] = [None] * info.world_size
-        dist.all_gather_object(key_sets, local)
-        keys = sorted(set().union(*key_sets))
+        layouts: list[Any] = [None] * info.world_size
+        dist.all_gather_object(layouts, local)
+        merged: dict[str, tuple[str, int]] = {}
+        for layout in layouts:
+            for key, shape in layout.items():
+                if merged.setdefault(key, shape) != shape:
+                    raise RuntimeError(f"metric {key!r} has the shape {shape} on one rank and {merged[key]} on "
+                                       f"another; every rank must make the same optimizer steps")
     else:
-        keys = local
+        merged = local
+    keys = sorted(merged)
     if not keys:
         return {}
-    values = torch.stack([_as_tensor(stats.get(k, 0.0), device) for k in keys])  # [K]
-    present = torch.tensor([float(k in stats) for k in keys], dtype=torch.float64, device=device)  # [K]
-    table = torch.stack([values, present], dim=1)  # [K, 2]
+    rows = [_table_rows(stats.get(k), *merged[k], device) for k in keys]
+    table = torch.cat(rows)  # [R, 2]: (value, weight) rows of every metric
     if info.enabled:
         dist.all_reduce(table, op=dist.ReduceOp.SUM)
-    means = (table[:, 0] / table[:, 1]).tolist()  # the one host transfer
-    return dict(zip(keys, means))
+    values = table.tolist()  # the one host transfer
+    out, at = {}, 0
+    for key in keys:
+        kind, n = merged[key]
+        part, at = values[at:at + n], at + n
+        out[key] = _finish(kind, part)
+    return out
+
+
+def _layout(value: Any) -> tuple[str, int]:
+    """(kind, table rows) of a metric: ("mean", 1) for a float or 0-d tensor; ("ratio" or "sum", U)
+    for StepSums of U optimizer steps."""
+    if isinstance(value, StepSums):
+        return ("sum" if value.count is None else "ratio", int(value.total.numel()))
+    return ("mean", 1)
+
+
+def _table_rows(value: Any, kind: str, n: int, device: torch.device) -> torch.Tensor:
+    """[n, 2] float64 (value, weight) rows of a metric on this rank; zeros where this rank lacks it."""
+    if value is None:
+        return torch.zeros(n, 2, dtype=torch.float64, device=device)
+    if kind == "mean":
+        return torch.stack([_as_tensor(value, device), torch.ones((), dtype=torch.float64, device=device)])[None]
+    total = value.total.detach().reshape(-1).to(device=device, dtype=torch.float64)
+    count = torch.zeros_like(total) if value.count is None else value.count.reshape(-1).to(device=device,
+                                                                                           dtype=torch.float64)
+    return torch.stack([total, count], dim=1)
+
+
+def _finish(kind: str, rows: list[list[float]]) -> float:
+    """A metric's value from its summed (value, weight) rows (see StepSums)."""
+    if kind == "mean":
+        value, present = rows[0]
+        return value / present
+    if kind == "sum":
+        return sum(total for total, _ in rows) / len(rows)
+    return sum(total / count if count else 0.0 for total, count in rows) / len(rows)
 
 
 def _as_tensor(value: Any, device: torch.device) -> torch.Tensor:

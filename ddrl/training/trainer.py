@@ -44,6 +44,7 @@ from ddrl.data import (check_modality, completion_mask, is_stop, model_stop_ids,
                        task_completions, tokenize_prompts, truncate_prompts)
 from ddrl.models.moe_balance import RouterBalance
 from ddrl.objectives import AggregationCounts, compute_advantages
+from ddrl.objectives.base import COUNTED_STATS
 from ddrl.processes.draws import RowGenerators
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import sample_in_chunks
@@ -51,10 +52,10 @@ from ddrl.sampling.checks import check_sampler, resolve_sampler, speed_settings
 from ddrl.training import checkpoint as ckpt
 from ddrl.training.common import (Clock, build_optimizer, build_scheduler, derive_seed, disable_dropout,
                                   make_generator, nanmean, pick_device)
-from ddrl.training.distributed import (DistInfo, ModelHandle, all_reduce_sum, check_whole_groups, compute_context,
-                                       copy_parameters, device_memory, gathered_parameters, gradient_sync,
-                                       init_distributed, reduce_mean_dict, reshard, resolve_strategy, shard_model,
-                                       wrap_model, zero_loss)
+from ddrl.training.distributed import (DistInfo, ModelHandle, StepSums, all_reduce_sum, check_whole_groups,
+                                       compute_context, copy_parameters, device_memory, gathered_parameters,
+                                       gradient_sync, init_distributed, reduce_mean_dict, reshard, resolve_strategy,
+                                       shard_model, wrap_model, zero_loss)
 from ddrl.training.evaluation import TrainingEvaluation
 from ddrl.training.logging import MetricsLogger, RunLog, eval_settings, plot_reward_curve, step_line
 from ddrl.training.memory import check_memory
@@ -97,7 +98,7 @@ class Trainer:
         t = cfg.train
         self.device = pick_device(cfg.device)
         self.dist: DistInfo = init_distributed(cfg.dist.backend, self.device, timeout_s=cfg.dist.timeout,
-                                               one_rank_group=cfg.dist.cpu_offload)
+                                               one_rank_group=cfg.dist.cpu_offload, cpu_offload=cfg.dist.cpu_offload)
         check_whole_groups(t.prompts_per_step, self.dist.world_size)  # before the data and the model
         self.run_log = RunLog(enabled=self.dist.is_main)  # train.log: held in memory until the start succeeded
         self.run_log.start()
@@ -471,27 +472,32 @@ class Trainer:
     def update(self, micro: list[list[RolloutBatch]], old: list, ref: list, step: int,
                counts: list[AggregationCounts]) -> dict[str, Any]:
         """mu inner iterations; in each, one optimizer step per minibatch share, its loss normalised
-        by that share's global counts (a share is the whole step when train.minibatches = 1). Stats
-        stay tensors on the device; the one host sync of an optimizer step is the finite check."""
+        by that share's global counts (a share is the whole step when train.minibatches = 1).
+
+        Each optimizer step's loss is summed over ranks before its finite check, so every rank sees
+        the same loss and gradient norm and skips the step (or raises) with the others; that check is
+        the loop's one host read per optimizer step (estimators and objectives may add their own:
+        tests/unit/test_host_syncs.py). The objective's statistics stay on the device, summed per
+        optimizer step over the real micro-batches with their count (StepSums), so that the logged
+        values are global means over the micro-batches of every rank, the 1-process values."""
         t = self.cfg.train
         n_updates = t.num_iterations * len(micro)
-        sums: dict[str, Any] = {}
-
-        def add(name: str, value: Any, weight: float) -> None:
-            value = value.detach().float() if isinstance(value, torch.Tensor) else float(value)
-            sums[name] = sums.get(name, 0.0) + value * weight
-
+        stat_sums: dict[str, torch.Tensor] = {}  # name -> [U] sums over each optimizer step's real micro-batches
+        real = torch.zeros(n_updates)  # [U] real micro-batches of each optimizer step on this rank (from the plan)
+        loss_sum = grad_norm_sum = torch.zeros((), device=self.device)  # over the finite optimizer steps
+        skipped = 0
         for k in range(t.num_iterations):
             for m, share in enumerate(micro):
+                u = k * len(micro) + m
                 self.opt.zero_grad(set_to_none=True)
                 total = torch.zeros((), device=self.device)
-                real = max(1, sum(not mb.extras.get("padding") for mb in share))
                 for j, mb in enumerate(share):
+                    padding = bool(mb.extras.get("padding"))
                     # one all-reduce a step; DDP decides in forward whether the backward syncs: both inside
                     with gradient_sync(self.wrapped, enabled=j == len(share) - 1):
                         with self.autocast, self.balance:
                             new = self._estimate(self.policy, mb, step, k, "cur")
-                            if mb.extras.get("padding"):
+                            if padding:
                                 loss, stats = zero_loss(new), {}
                             else:
                                 o = old[k][m][j] if old[k][m][j] is not None else (
@@ -504,15 +510,18 @@ class Trainer:
                                     loss, stats = loss + coef * aux, {**stats, "moe_aux_loss": aux}
                         (loss * self.dist.world_size).backward()  # DDP averages; we want the global sum
                     total = total + loss.detach().float()
+                    real[u] += 0 if padding else 1
                     for name, v in stats.items():
-                        add(name, v, 1.0 / (n_updates * real))
+                        row = stat_sums.setdefault(name, torch.zeros(n_updates, device=self.device))
+                        row[u] += v.detach().float() if isinstance(v, torch.Tensor) else float(v)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.max_grad_norm or float("inf"))
                 if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
                     grad_norm = grad_norm.full_tensor()
-                if not bool(torch.isfinite(total) & torch.isfinite(grad_norm)):  # the step's one host sync
+                total = all_reduce_sum(total, self.dist)  # the global loss: every rank decides on the same value
+                if not bool(torch.isfinite(total) & torch.isfinite(grad_norm)):  # the loop's host read
                     self.opt.zero_grad(set_to_none=True)
                     self.bad_steps += 1
-                    add("nonfinite_steps", 1.0, 1.0)
+                    skipped += 1
                     if self.bad_steps >= t.max_bad_steps:
                         raise NonFiniteError(
                             f"{self.bad_steps} optimizer steps in a row had a non-finite loss or gradient (step {step}); "
@@ -522,8 +531,14 @@ class Trainer:
                 self.opt.step()
                 self.optimizer_steps += 1
                 self.sched.step()
-                add("loss", total, 1.0 / n_updates)
-                add("grad_norm", grad_norm, 1.0 / n_updates)
+                loss_sum = loss_sum + total
+                grad_norm_sum = grad_norm_sum + grad_norm.detach().float()
+        # loss and grad_norm are the same on every rank (global values); a skipped step counts as 0
+        sums: dict[str, Any] = {"loss": loss_sum / n_updates, "grad_norm": grad_norm_sum / n_updates}
+        for name, row in stat_sums.items():  # row counts (COUNTED_STATS) are sums, the rest means
+            sums[name] = StepSums(row, None if name in COUNTED_STATS else real)
+        if skipped:
+            sums["nonfinite_steps"] = float(skipped)
         sums["lr"] = self.sched.get_last_lr()[0]
         sums["optimizer_steps"] = float(self.optimizer_steps)  # cumulative: the peers' unit of run length
         return sums
@@ -557,9 +572,12 @@ class Trainer:
 
     def _seed(self, batch: RolloutBatch, step: int, k: int, role: str) -> int:
         """Shared masks: the batch's seed for iteration k (iteration 0's when the method reuses masks)
-        for old/ref/current. Fresh masks: a new seed per pass role."""
+        for old/ref/current. Fresh masks: a new seed per pass role and micro-batch, keyed by the
+        micro-batch's first global group (the planner's extras["group"]), never by the rank: with one
+        group per micro-batch (train.micro_batch_size = group_size, StableDRL's released setting)
+        each group draws its own masks and 1 and N processes draw the same ones."""
         if self.method.fresh_masks:
-            return derive_seed(self.cfg.seed, "fresh", step, k, role, self.dist.rank) % 2**62
+            return derive_seed(self.cfg.seed, "fresh", step, k, role, batch.extras["group"]) % 2**62
         return int(batch.mask_seeds[self.method.mask_seed_iteration(k)])
 
     def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, Any]:

@@ -8,6 +8,8 @@
     counts     each share's loss normalisers, summed over ranks, so the gradient is the 1-process one
     padding    zero-weight micro-batches up to the largest count of any rank, so that every rank runs
                the same passes and collectives
+    groups     with fresh masks (StableDRL), each micro-batch's first group as a step-global index
+               (extras["group"]): the trainer seeds the masks from it, not from the rank
 
 The trainer runs the plan (ddrl.training.trainer); nothing here computes a loss.
 """
@@ -80,7 +82,11 @@ class UpdatePlanner:
             counts.append(AggregationCounts(tokens=tokens, sequences=sequences, world_size=self.dist.world_size,
                                             groups=groups, micro_batches=n_micro,
                                             rows=trace_rows if self.method.has_rows else None))
-        return UpdatePlan(micro, counts, rows) if micro else None
+        if not micro:
+            return None
+        if self.method.fresh_masks:
+            self._tag_groups(micro)
+        return UpdatePlan(micro, counts, rows)
 
     def filter_groups(self, batch: RolloutBatch) -> RolloutBatch:
         """The groups train.group_filter keeps: mean valid reward within [lo, hi] (all when unset).
@@ -166,6 +172,17 @@ class UpdatePlanner:
         rows = self.method.count_rows(share) if self.method.has_rows else 0.0
         return torch.tensor([len(share), c.tokens, c.sequences, c.groups, c.micro_batches, rows],
                             dtype=torch.float64, device=self.device)
+
+    def _tag_groups(self, micro: list[list[RolloutBatch]]) -> None:
+        """extras["group"] of every micro-batch: its first group's index among the step's global groups
+        (rank * groups per rank + its group id on the rank). The trainer draws fresh masks from
+        (seed, step, iteration, pass, group), so a group gets the same masks on 1 or N processes; a
+        seed mixed with the rank changed StableDRL's updates with the GPU count. One host read a step."""
+        pieces = [mb for share in micro for mb in share]
+        first = torch.cat([mb.group_ids[:1] for mb in pieces]).tolist()  # every micro-batch has a row
+        offset = self.dist.rank * (self.train.prompts_per_step // self.dist.world_size)
+        for mb, group in zip(pieces, first):
+            mb.extras["group"] = offset + int(group)
 
     def _padding(self, batch: RolloutBatch) -> RolloutBatch:
         """A zero-weight micro-batch: the rank's first micro-batch of the whole rollout, its rewards

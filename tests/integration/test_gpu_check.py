@@ -85,6 +85,9 @@ def test_check_sh_tiny_writes_the_whole_report(tmp_path):
         offload = report["offload"]
         assert offload["layers"] == workload["full_depths"][1] and offload["master_dtype"] == "float32"
         assert offload["weights_moved"] and offload["loss_finite"]
+        # the trainer's clip on the host-memory gradients, every step (warm-up and timed)
+        assert offload["max_grad_norm"] == workload["max_grad_norm"] and offload["grad_norms_finite"]
+        assert len(offload["grad_norms"]) == 1 + workload["repeats"] and min(offload["grad_norms"]) > 0
     if merged()["memory"]:
         for name in ("lora", "offload"):
             assert report["memory"][name]["estimate_step_gb"] > 0

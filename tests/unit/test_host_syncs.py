@@ -15,7 +15,12 @@ What is pinned:
   * the estimators' scoring call (ddrl.estimators.common.forward_logprobs, the model's fused
     log-prob path through ddrl.ops.logprobs.target_logprobs), forward and backward: no read
     without a scored-position mask; with one, exactly one (the count of scored positions, the
-    price of running the LM head on those only), none in backward.
+    price of running the LM head on those only), none in backward;
+  * a method's estimate, loss and backward on a micro-batch (the update's inner step): none for the
+    PPO/ELBO family (masked_stat's statistics are masked sums, not boolean selections; the
+    stratified counts of ESPO/DACA keep the lengths on the device; the ratio-noise seed is read only
+    when noise is asked for); the group softmax of StableDRL and wd1 still reads its group count
+    (ddrl.objectives.aggregation), pinned here so that a new read fails.
 """
 
 from __future__ import annotations
@@ -28,8 +33,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ddrl
+import ddrl.estimators  # noqa: F401  (registration)
+import ddrl.objectives  # noqa: F401
 from ddrl.config import SamplerConfig
-from ddrl.estimators.common import forward_logprobs
+from ddrl.estimators.common import forward_logprobs, stratified_counts
+from ddrl.objectives import AggregationCounts
+from ddrl.objectives.base import masked_stat
+from ddrl.registry import ESTIMATORS, OBJECTIVES
+from ddrl.types import RolloutBatch
 from ddrl.ops.logprobs import target_logprobs
 from ddrl.sampling.masked import sample_masked
 
@@ -163,3 +174,58 @@ def test_out_of_range_ids_are_still_refused(native, monkeypatch):
     monkeypatch.setenv("DDRL_SYNC_CHECKS", "1")
     with pytest.raises(ValueError, match=rf"outside .*max {native.vocab_size + 5}"):
         native(bad)
+
+
+# The group softmax (ddrl.objectives.aggregation.group_softmax) sizes its table from the group ids.
+GROUP_COUNT = ["_unique2", "_local_scalar_dense"]
+METHOD_READS = {"grpo": [], "espo": [], "daca_grpo": [], "spg": [], "coupled_grpo": [], "gdsd": [], "fpo": [],
+                "stable_drl": GROUP_COUNT, "wd1": GROUP_COUNT * 2}
+
+
+@pytest.mark.parametrize("objective", sorted(METHOD_READS))
+def test_a_methods_estimate_loss_and_backward_read_only_what_is_pinned(native, objective):
+    method = OBJECTIVES.get(objective)()
+    estimator = ESTIMATORS.get(method.default_estimator)(**method.default_estimator_args)
+    ids, mask = prompts(native)
+    completion = torch.randint(0, 100, (2, 6), generator=torch.Generator().manual_seed(0))
+    batch = RolloutBatch(prompt_ids=ids, prompt_mask=mask, completion_ids=completion,
+                         completion_mask=torch.tensor([[1, 1, 1, 1, 0, 0], [1] * 6], dtype=torch.bool),
+                         group_ids=torch.zeros(2, dtype=torch.long), rewards=torch.tensor([1.0, 0.0]),
+                         advantages=torch.tensor([0.5, -0.5]), mask_seeds=torch.tensor([3]))
+    counts = AggregationCounts.from_batch(batch, 1)  # the planner's, once a step
+    method.prepare(batch)
+    with torch.no_grad():
+        old = estimator(native, batch, 7)
+    native.zero_grad()
+    with HostReads() as log:
+        new = estimator(native, batch, 7)
+        out = method(batch, new, old, old, counts=counts)
+        out.loss.backward()
+    assert log.ops == METHOD_READS[objective], log.ops
+
+
+def test_masked_stat_reads_nothing_and_is_the_selected_mean_and_max():
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(3, 5, generator=g)
+    values[0, 0] = float("inf")  # outside the mask: must not leak into the stat
+    mask = torch.rand(3, 5, generator=g) < 0.5
+    mask[0, 0] = False
+    rows = torch.tensor([True, False, True])
+    with HostReads() as log:
+        stats = [masked_stat(values, mask), masked_stat(values, mask, "max"), masked_stat(values, rows),
+                 masked_stat(values, torch.zeros_like(mask)), masked_stat(values, torch.zeros_like(mask), "max")]
+    assert log.ops == []
+    picked = [float(v) for v, m in zip(values.flatten(), mask.flatten()) if m]
+    by_row = [float(v) for r in (0, 2) for v in values[r]]
+    expected = [sum(picked) / len(picked), max(picked), sum(by_row) / len(by_row), 0.0, 0.0]
+    assert [float(x) for x in stats] == pytest.approx(expected, rel=1e-6)
+
+
+def test_stratified_counts_keep_the_lengths_where_they_are():
+    lengths = torch.tensor([0, 3, 7, 16, 16, 5])
+    with HostReads() as log:
+        n = stratified_counts(lengths, torch.Generator().manual_seed(4))
+    assert log.ops == []
+    u = float(torch.rand((), generator=torch.Generator().manual_seed(4)))  # the formula, by hand
+    expected = [min(int(((u + j / 6) % 1.0) * (length + 1)), length) for j, length in enumerate(lengths.tolist())]
+    assert n.tolist() == expected
