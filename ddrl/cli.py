@@ -103,7 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=20 objective=espo")
     p.add_argument("--dry-run", dest="dry_run", action="store_true",
                    help="print the per-rank GPU memory estimate and exit (no weights read; ddrl.training.memory)")
-    p.add_argument("--world-size", dest="world_size", type=int, default=1, help="with --dry-run: number of GPUs")
+    p.add_argument("--rehearse", action="store_true",
+                   help="run one step of the recipe at its real size on fake tensors as rank 0 of --world-size "
+                        "ranks: measured memory, host syncs, roofline time (ddrl.training.rehearse)")
+    p.add_argument("--world-size", dest="world_size", type=int, default=1,
+                   help="with --dry-run or --rehearse: number of GPUs")
     p.add_argument("--gpu-memory", dest="gpu_memory", type=float, default=80.0,
                    help="with --dry-run: GB per GPU to compare against (80: A100/H100; 141: H200)")
 
@@ -212,6 +216,11 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    if getattr(args, "rehearse", False):
+        from ddrl.training.rehearse import rehearse
+
+        print(rehearse(args.config, args.overrides, args.world_size).table())
+        return 0
     if getattr(args, "dry_run", False):
         from ddrl.training.memory import dry_run
 
