@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rehearse", action="store_true",
                    help="run one step of the recipe at its real size on fake tensors as rank 0 of --world-size "
                         "ranks: measured memory, host syncs, roofline time (ddrl.training.rehearse)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="with --rehearse: that many layers at full width (a quick, reduced rehearsal)")
+    p.add_argument("--extrapolate", action="store_true",
+                   help="with --rehearse: rehearse 2 and 4 layers and extrapolate to the full depth (minutes, "
+                        "not the hour a full-depth rehearsal takes on a CPU)")
     p.add_argument("--world-size", dest="world_size", type=int, default=1,
                    help="with --dry-run or --rehearse: number of GPUs")
     p.add_argument("--gpu-memory", dest="gpu_memory", type=float, default=80.0,
@@ -217,9 +222,15 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     if getattr(args, "rehearse", False):
-        from ddrl.training.rehearse import rehearse
+        from ddrl.training.rehearse import RecipeDoesNotFit, rehearse, rehearse_extrapolated
 
-        print(rehearse(args.config, args.overrides, args.world_size).table())
+        try:
+            report = (rehearse_extrapolated(args.config, args.overrides, args.world_size) if args.extrapolate
+                      else rehearse(args.config, args.overrides, args.world_size, layers=args.layers))
+        except RecipeDoesNotFit as e:
+            print(e, file=sys.stderr)
+            return 1
+        print(report.table())
         return 0
     if getattr(args, "dry_run", False):
         from ddrl.training.memory import dry_run

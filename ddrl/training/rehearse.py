@@ -17,9 +17,15 @@ PyTorch's own trackers measure it:
 
 What differs from a GPU run, on purpose: the task is a stand-in (prompts of the recipe's prompt width,
 rewards 0, 1, 0, 1, ... so that every group has non-zero advantages), a data-dependent read returns a
-stand-in value (True, 1, and nonzero = every element), and the model's config.json is the family's
-shipped official-format one (tests/fixtures/<family>/) resized to the published sizes of
-ddrl.training.memory.PLACEHOLDER_SHAPES when model.path is a /path/to/... placeholder.
+stand-in value (True, 1, and nonzero / x[mask] / unique = every element: the largest shape the real
+read can give), and the model's config.json is the family's shipped official-format one
+(tests/fixtures/<family>/) resized to the published sizes of ddrl.training.memory.PLACEHOLDER_SHAPES
+when model.path is a /path/to/... placeholder. The rank's tensors are fake CPU tensors (a CPU build of
+torch cannot make fake CUDA ones through Tensor.copy_ or FSDP2's streams): same shapes, dtypes and
+wrapping; AdamW is set to its CUDA default (foreach), and its step counters, host tensors on a GPU,
+are not counted as syncs. DDP runs with its all-reduce answered by a comm hook (see
+_ddp_buckets_tracked). Fake tensors give --extrapolate its reason: a full-depth 8B rehearsal takes
+minutes per layer here, so 2 and 4 layers at full width are rehearsed and extrapolated (extrapolate).
 Where the roofline is far from a GPU: attention is faked SDPA (FLOPs counted as dense math, no
 flash-attention tiling), collectives cost nothing (RuntimeEstimator does not model communication), and
 tiny ops are bandwidth-bound, with no launch overhead: the rollout's many small steps come out fast.
@@ -38,11 +44,12 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ddrl.training.memory import GB, PLACEHOLDER_SHAPES, ModelShape
+from ddrl.training.memory import DEFAULT_PROMPT_TOKENS, GB, PLACEHOLDER_SHAPES, ModelShape
 
 aten = torch.ops.aten
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
@@ -51,6 +58,10 @@ FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 FAMILY_DIRS = {"LLaDA-8B": "llada/model", "MMaDA-8B": "mmada/model", "Dream-v0-Instruct-7B": "dream/model",
                "DiffuCoder-7B": "dream/model", "LLaDA2.0-mini": "llada2/model-2.0",
                "LLaDA2.1-mini": "llada2/model-2.1", "URSA-1.7B": "ursa/model"}
+# MemTracker's categories (torch.distributed._tools.mem_tracker._MemRefType) as the table names them
+SPLIT_NAMES = {"PARAM": "parameters (shards, gathered blocks)", "BUFFER": "buffers", "GRAD": "gradients",
+               "ACT": "activations (forward outputs kept)", "TEMP": "temporaries (backward, sampler)",
+               "OPT": "optimizer state", "OTH": "other (DDP gradient buckets)"}
 HEADROOM = 0.9  # a recipe fits when the tracker's peak is at most 90% of the device
 
 
@@ -148,14 +159,22 @@ def fake_loader(directory: Path, device: torch.device):
 
 @contextmanager
 def _weights_unread() -> Iterator[None]:
-    """The family's reader still opens the shipped tiny weight file (its names are checked against the
-    model's, which stays as it is); its load_state_dict would refuse the tiny shapes. Every module keeps
-    the meta parameters of the resized config instead."""
-    from unittest import mock
-
+    """The family's reader still opens the shipped tiny weight file; its weight names (the fixture's
+    layer count) and its load_state_dict (the tiny shapes) would refuse the resized model. Every module
+    keeps the meta parameters of the resized config instead, and no name check is made."""
+    import importlib
+    import pkgutil
     from torch.nn.modules.module import _IncompatibleKeys
 
-    with mock.patch.object(torch.nn.Module, "load_state_dict", lambda *a, **k: _IncompatibleKeys([], [])):
+    import ddrl.models.native as native
+
+    families = [importlib.import_module(f"{native.__name__}.{m.name}") for m in pkgutil.iter_modules(native.__path__)]
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(torch.nn.Module, "load_state_dict",
+                                              lambda *a, **k: _IncompatibleKeys([], [])))
+        for module in families:
+            if hasattr(module, "check_weight_names"):
+                stack.enter_context(mock.patch.object(module, "check_weight_names", lambda *a, **k: None))
         yield
 
 
@@ -204,6 +223,7 @@ class HostReads(TorchDispatchMode):
         super().__init__()
         self.sites: Counter[str] = Counter()
         self.counting = False
+        self.within = 0  # inside a call already counted as one read (one_read)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         from torch._subclasses.fake_tensor import FakeTensor
@@ -230,15 +250,71 @@ class HostReads(TorchDispatchMode):
             self._record("nonzero")
             x = args[0]
             return torch.empty((x.numel(), x.dim()), dtype=torch.long, device=x.device)
+        if func is aten.index.Tensor and any(i is not None and i.dtype == torch.bool for i in args[1]):
+            # x[mask] is nonzero(mask) then a gather: on a GPU the host waits for the count. Stand-in:
+            # every element selected, the largest shape the real read can give.
+            self._record("nonzero (a read through a boolean mask)")
+            return func(args[0], _every_element(args[1]))
         return func(*args, **kwargs)
 
+    @contextmanager
+    def objects(self) -> Iterator[None]:
+        """Host reads made above the dispatcher. Tensor.tolist: one read (its elements come to the
+        dispatcher one by one). dist.all_gather_object pickles through host tensors (a host sync on a
+        GPU too), which fake tensors cannot hold: each rank's object stands in as rank 0's (a
+        rehearsal's ranks are alike)."""
+
+        def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+            self._record("all_gather_object")
+            object_list[:] = [obj] * len(object_list)
+
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        tolist = FakeTensor.tolist  # FakeTensor's own: .item() per element
+
+        def one_copy(tensor: torch.Tensor) -> Any:  # one device-to-host copy, not one read per element
+            with self.one_read("tolist"):
+                return tolist(tensor)
+
+        with mock.patch("torch.distributed.all_gather_object", all_gather_object), \
+                mock.patch.object(FakeTensor, "tolist", one_copy):
+            yield
+
     def _record(self, kind: str) -> None:
-        if self.counting:
+        if self.counting and not self.within and not _in_optimizer():
             self.sites[f"{kind} at {_ddrl_frame()}"] += 1
+
+    @contextmanager
+    def one_read(self, kind: str) -> Iterator[None]:
+        """A call that copies a whole tensor to the host at once (.tolist()): one sync, not one per element."""
+        self._record(kind)
+        self.within += 1
+        try:
+            yield
+        finally:
+            self.within -= 1
 
     @property
     def total(self) -> int:
         return sum(self.sites.values())
+
+
+def _every_element(indices: list[Any]) -> list[Any]:
+    """aten.index's indices with each boolean mask (k dims) replaced by the k long indices that
+    nonzero(mask) gives when every element is true: a stand-in for the data-dependent count."""
+    out: list[Any] = []
+    for index in indices:
+        if index is None or index.dtype != torch.bool:
+            out.append(index)
+            continue
+        out += [torch.empty(index.numel(), dtype=torch.long, device=index.device)] * index.dim()
+    return out
+
+
+def _in_optimizer() -> bool:
+    """AdamW's step counters are host tensors in a GPU run (not capturable, not fused): reading them
+    is no device sync. Here every tensor is a fake CPU one, so such reads are told apart by caller."""
+    return any("/torch/optim/" in frame.filename for frame in traceback.extract_stack())
 
 
 def _ddrl_frame() -> str:
@@ -280,6 +356,50 @@ class DeviceGuardless(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+@contextmanager
+def ddp_on_fake() -> Iterator[None]:
+    """DDP's constructor compares every rank's parameter shapes and broadcasts rank 0's weights through
+    host reads of the data (dist._verify_params_across_processes), which fake tensors cannot give; in a
+    rehearsal the ranks are alike by construction and the weights have no values. Construction only:
+    the step's gradient buckets and all-reduce are DDP's own."""
+    import torch.nn.parallel.distributed as ddp
+
+    with mock.patch.object(ddp, "_verify_param_shape_across_processes", lambda *a, **k: None), \
+            mock.patch.object(ddp, "_sync_module_states", lambda *a, **k: None):
+        yield
+
+
+def _ddp_buckets_tracked(ddp: Any, tracker: Any) -> None:
+    """DDP on the fake process group: its all-reduce gives the reducer no result, so a comm hook hands
+    each gradient bucket back as reduced (collectives cost nothing here anyway), and shows the tracker
+    the bucket (DDP allocated it before the tracker started; "other" in the split). The reducer's
+    rebuild of its buckets after the first iteration reads their data: skipped (same buckets, in the
+    order of the first backward instead of the observed one; the same bytes)."""
+    seen: set[int] = set()
+
+    def hook(_state, bucket):  # type: ignore[no-untyped-def]  (DDP checks the annotations: none, or its own)
+        buffer = bucket.buffer()
+        if id(buffer) not in seen:
+            seen.add(id(buffer))
+            tracker.track_external(buffer)
+        done: Any = torch.futures.Future()
+        done.set_result(buffer)
+        return done
+
+    class NoRebuild:
+        def __init__(self, reducer: Any):
+            self._reducer = reducer
+
+        def _rebuild_buckets(self) -> bool:
+            return False
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._reducer, name)
+
+    ddp.register_comm_hook(None, hook)
+    ddp.reducer = NoRebuild(ddp.reducer)
+
+
 # ------------------------------------------------------------------ time
 @contextmanager
 def roofline(device: Device) -> Iterator[Any]:
@@ -287,8 +407,6 @@ def roofline(device: Device) -> Iterator[Any]:
     estimator reads them from the local GPU (torch._inductor.utils.get_device_tflops and
     get_gpu_dram_gbps, through torch.utils._runtime_estimation) and asserts torch.cuda.is_available();
     on this CPU they are given instead."""
-    from unittest import mock
-
     from torch.distributed._tools.runtime_estimator import RuntimeEstimator
     import torch.utils._runtime_estimation as estimation
 
@@ -333,6 +451,10 @@ class Rehearsal:
     update_flops: float
     tokens: int
     device: Device = field(default_factory=Device)
+    settings: dict[str, Any] = field(default_factory=dict)  # the recipe's settings fit_advice reads
+    optimizer_steps: int = 0  # the trainer's count after the step: the update ran to opt.step()
+    optimizer_state_bytes: float = 0.0  # AdamW's state on this rank after the step (exp_avg, exp_avg_sq, step)
+    measured_layers: tuple[int, ...] = ()  # the layer counts rehearsed when `layers` is extrapolated from them
 
     @property
     def fits(self) -> bool:
@@ -340,13 +462,15 @@ class Rehearsal:
 
     def table(self) -> str:
         d = self.device
-        lines = [f"rehearsal of {self.config}: rank 0 of {self.world_size}, {self.layers} layers, strategy "
+        how = (f"extrapolated from {' and '.join(map(str, self.measured_layers))} layers"
+               if self.measured_layers else "rehearsed")
+        lines = [f"rehearsal of {self.config}: rank 0 of {self.world_size}, {self.layers} layers ({how}), strategy "
                  f"{self.strategy} (fake tensors; estimates, not measurements on a {d.name})",
                  f"  {'memory at peak (MemTracker)':<44}{'GB':>9}"]
         lines += [f"    {name:<42}{v / GB:9.2f}" for name, v in self.peak_split.items() if v]
         ratio = self.peak_bytes / self.hand_total_bytes if self.hand_total_bytes else float("nan")
         lines += [f"  {'peak (tracker)':<44}{self.peak_bytes / GB:9.2f}",
-                  f"  {'  of which during the rollout':<44}{self.rollout_peak_bytes / GB:9.2f}",
+                  f"  {'  peak up to the end of the rollout':<44}{self.rollout_peak_bytes / GB:9.2f}",
                   f"  {'hand model (ddrl.training.memory)':<44}{self.hand_total_bytes / GB:9.2f}"
                   f"   tracker / hand = {ratio:.2f}"]
         lines += [f"    {name:<42}{v / GB:9.2f}" for name, v in self.hand_terms.items()]
@@ -365,6 +489,13 @@ class Rehearsal:
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "fits": self.fits}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Rehearsal":
+        """A report as rehearsal.json holds it (to_json) back as a Rehearsal."""
+        fields = {k: v for k, v in data.items() if k != "fits"}
+        return cls(**{**fields, "device": Device(**data["device"]),
+                      "measured_layers": tuple(data.get("measured_layers", ()))})
 
 
 class RecipeDoesNotFit(ValueError):
@@ -425,6 +556,9 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
     reads = HostReads()
     with ExitStack() as stack:
         fake = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        # copy.deepcopy of a fake tensor (the trainer's reference copy of a full fine-tuning run) copies its
+        # __dict__, which holds the mode itself: one mode for every copy, as one allocator on a GPU
+        stack.enter_context(mock.patch.object(FakeTensorMode, "__deepcopy__", lambda mode, memo: mode, create=True))
         # The mode memoises each fake tensor by weak reference; Module.to (the trainer's placement, peft's
         # adapter moves) swaps a fake parameter, which torch.utils.swap_tensors refuses while one exists.
         # Strong references while the trainer is built; weak ones again for the step, so that the
@@ -432,11 +566,17 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
         converter = fake.fake_tensor_converter.meta_converter
         converter.tensor_memo = {}
         stack.enter_context(reads)
+        stack.enter_context(reads.objects())
         stack.enter_context(DeviceGuardless(reads))
+        stack.enter_context(ddp_on_fake())
         trainer = Trainer(cfg, Provided(device=cuda, task=task, load_model=fake_loader(directory, cuda),
                                         memory_check=False))
         converter.tensor_memo = weakref.WeakValueDictionary(converter.tensor_memo)
+        for group in trainer.opt.param_groups:  # AdamW's default on CUDA tensors (CPU ones default to the loop)
+            group["foreach"] = True
         tracker = _memory_tracker(trainer)
+        if isinstance(trainer.wrapped, torch.nn.parallel.DistributedDataParallel):
+            _ddp_buckets_tracked(trainer.wrapped, tracker)
         phases: dict[str, float] = {}
         est = stack.enter_context(roofline(device))
         stack.enter_context(tracker)
@@ -450,7 +590,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
                 f"(at {_ddrl_frame_of(e)}); this family cannot be rehearsed until that op is avoided") from None
         reads.counting = False
     peak = tracker.get_tracker_snapshot("peak").get(cuda, {})
-    split = {str(k): float(v) for k, v in peak.items() if k != "Total"}
+    split = {SPLIT_NAMES.get(getattr(k, "name", str(k)), str(k)): float(v) for k, v in peak.items() if k != "Total"}
     hand = estimate_memory(cfg, shape, world_size, counts=Counts.from_module(trainer.model),
                            prompt_tokens=trainer.max_prompt and min(width, trainer.max_prompt) or width)
     hand_terms = {**hand.held, **{f"{hand.peak_phase}: {k}": v for k, v in hand.phases[hand.peak_phase].items()}}
@@ -461,16 +601,108 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
                        rollout_peak_bytes=phases.get("rollout_peak", 0.0), hand_total_bytes=hand.total,
                        hand_terms=hand_terms, host_reads=dict(reads.sites), rollout_s=phases.get("rollout", 0.0),
                        update_s=phases.get("update", 0.0), update_flops=phases.get("update_flops", 0.0),
-                       tokens=rows * cfg.rollout.gen_length, device=device)
-    trainer.run_dir.mkdir(parents=True, exist_ok=True)
-    (trainer.run_dir / "rehearsal.json").write_text(json.dumps(report.to_json(), indent=2))
-    if check_fit and not report.fits:
-        raise RecipeDoesNotFit(
-            f"{report.table()}\n{name} does not fit: rank 0 peaks at {report.peak_bytes / GB:.1f} GB, more than "
-            f"{HEADROOM:.0%} of a {device.memory_bytes / GB:.0f} GB {device.name}. To fit: more ranks "
-            f"(--world-size) with dist.strategy=fsdp, dist.cpu_offload=true, model.gradient_checkpointing=true, "
-            f"a smaller train.micro_batch_size or rollout.batch_rows, or LoRA (model.lora.rank)")
+                       tokens=rows * cfg.rollout.gen_length, device=device, optimizer_steps=trainer.optimizer_steps,
+                       settings={"strategy": trainer.strategy, "cpu_offload": cfg.dist.cpu_offload,
+                                 "lora_rank": cfg.model.lora.rank, "micro_batch_size": t.micro_batch_size,
+                                 "gradient_checkpointing": cfg.model.gradient_checkpointing},
+                       optimizer_state_bytes=float(sum(_local_bytes(v) for state in trainer.opt.state.values()
+                                                       for v in state.values() if isinstance(v, torch.Tensor))))
+    _write(report, trainer.run_dir)
+    if check_fit:
+        require_fit(report)
     return report
+
+
+def _local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes this rank holds: a DTensor (FSDP2's sharded state) reports its global size."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.nbytes
+
+
+def _write(report: Rehearsal, run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "rehearsal.json").write_text(json.dumps(report.to_json(), indent=2))
+
+
+def require_fit(report: Rehearsal) -> None:
+    """RecipeDoesNotFit, with the tracker's split and what would make it fit, unless it fits."""
+    if report.fits:
+        return
+    d = report.device
+    advice = "\n".join(f"  - {line}" for line in fit_advice(report))
+    raise RecipeDoesNotFit(
+        f"{report.table()}\n{report.config} does not fit: rank 0 peaks at {report.peak_bytes / GB:.1f} GB "
+        f"(split above), more than {HEADROOM:.0%} of a {d.memory_bytes / GB:.0f} GB {d.name}. Settings that lower "
+        f"it, the largest term's first:\n{advice}")
+
+
+def fit_advice(report: Rehearsal) -> list[str]:
+    """The settings this recipe does not use yet that shrink a term of its split, ordered by the size
+    of the term they shrink (a recipe that already shards is not told to shard)."""
+    s, split = report.settings, report.peak_split
+    state = sum(v for k, v in split.items() if k.split(" ")[0] in ("parameters", "gradients", "optimizer"))
+    acts = sum(v for k, v in split.items() if k.split(" ")[0] in ("activations", "temporaries"))
+    options = [(state, "dist.strategy=fsdp (weights, gradients and AdamW state 1/N per rank)",
+                s.get("strategy") != "fsdp"),
+               (state, f"--world-size {2 * report.world_size} (1/{2 * report.world_size} of the sharded state)",
+                s.get("strategy") == "fsdp"),
+               (state, "dist.cpu_offload=true (shards, gradients and AdamW state in host memory)",
+                s.get("strategy") == "fsdp" and not s.get("cpu_offload")),
+               (state, "model.lora.rank=128 (LoRA: gradients and AdamW state of the adapters only)",
+                not s.get("lora_rank")),
+               (acts, "model.gradient_checkpointing=true (one block's activations kept, not every block's)",
+                not s.get("gradient_checkpointing")),
+               (acts, f"train.micro_batch_size={max(1, (s.get('micro_batch_size') or 2) // 2)} (fewer rows per "
+                      f"forward and backward)", (s.get("micro_batch_size") or 2) > 1)]
+    return [f"{text} [{term / GB:.1f} GB of the peak]"
+            for term, text, applies in sorted(options, key=lambda o: -o[0]) if applies]
+
+
+def rehearse_extrapolated(config: str | Path, overrides: list[str] | None = None, world_size: int = 8, *,
+                          device: Device = DEVICE, check_fit: bool = True) -> Rehearsal:
+    """The recipe at its full depth from rehearsals at 2 and 4 layers (full width): a full-depth
+    rehearsal takes minutes per layer on a CPU. See extrapolate for why a line holds."""
+    from ddrl.config import RLConfig, load_config
+    from ddrl.training.memory import estimate_memory, shape_from_config
+
+    two, four = (rehearse(config, overrides, world_size, layers=n, device=device, check_fit=False) for n in (2, 4))
+    cfg = load_config(config, overrides, RLConfig)
+    source, shape = family_source(cfg.model.path)
+    name = "transformer/config.json" if (source / "transformer").is_dir() else "config.json"
+    full = shape_from_config(sized_config(json.loads((source / name).read_text()), shape, None))
+    width = cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS
+    report = extrapolate(two, four, full.n_layers, estimate_memory(cfg, full, world_size, prompt_tokens=width))
+    _write(report, Path(cfg.output_dir) / "rehearsal")
+    if check_fit:
+        require_fit(report)
+    return report
+
+
+def extrapolate(two: Rehearsal, four: Rehearsal, layers: int, hand: Any) -> Rehearsal:
+    """`layers` layers from two rehearsals at the same width. Memory and time are linear in the layer
+    count: each block adds its shards, its LoRA weights, gradients and AdamW state, its kept
+    activations and its FLOPs; the embeddings, the logits and the sampler's state are the intercept.
+    So each figure is four's plus (layers - four.layers) / (four.layers - two.layers) increments. The
+    peak is the larger of two lines, the rollout's and the whole step's (the phase that peaks can
+    change with depth). Host syncs do not depend on depth: four's (the test checks two's are equal).
+    `hand`: the hand model's estimate at `layers` (a MemoryEstimate)."""
+    per = (layers - four.layers) / (four.layers - two.layers)
+
+    def line(a: float, b: float) -> float:
+        return b + (b - a) * per
+
+    rollout = line(two.rollout_peak_bytes, four.rollout_peak_bytes)
+    peak = max(rollout, line(two.peak_bytes, four.peak_bytes))
+    split = {k: line(two.peak_split.get(k, 0.0), v) for k, v in four.peak_split.items()}
+    hand_terms = {**hand.held, **{f"{hand.peak_phase}: {k}": v for k, v in hand.phases[hand.peak_phase].items()}}
+    return Rehearsal(config=four.config, world_size=four.world_size, layers=layers, strategy=four.strategy,
+                     peak_bytes=peak, peak_split=split, rollout_peak_bytes=rollout, hand_total_bytes=hand.total,
+                     hand_terms=hand_terms, host_reads=four.host_reads,
+                     rollout_s=line(two.rollout_s, four.rollout_s), update_s=line(two.update_s, four.update_s),
+                     update_flops=line(two.update_flops, four.update_flops), tokens=four.tokens,
+                     device=four.device, settings=four.settings, optimizer_steps=four.optimizer_steps,
+                     optimizer_state_bytes=line(two.optimizer_state_bytes, four.optimizer_state_bytes),
+                     measured_layers=(two.layers, four.layers))
 
 
 def _ddrl_frame_of(error: BaseException) -> str:

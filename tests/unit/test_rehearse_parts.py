@@ -5,7 +5,7 @@ import json
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ddrl.training.memory import LLADA_8B, LLADA2_MINI, shape_from_config
+from ddrl.training.memory import GB, LLADA_8B, LLADA2_MINI, shape_from_config
 from ddrl.training.rehearse import FIXTURES, HostReads, family_source, sized_config
 
 
@@ -45,3 +45,42 @@ def test_unknown_placeholder_is_refused_with_the_known_families():
         assert "LLaDA-8B" in str(e) and "model.path" in str(e)
     else:
         raise AssertionError("an unknown placeholder was accepted")
+
+
+def _report(**changes):
+    from ddrl.training.rehearse import Rehearsal
+
+    base = dict(config="big.yaml", world_size=8, layers=32, strategy="ddp",
+                peak_split={"parameters (shards, gathered blocks)": 16 * GB, "gradients": 32 * GB,
+                            "optimizer state": 64 * GB, "activations (forward outputs kept)": 40 * GB},
+                peak_bytes=152 * GB, rollout_peak_bytes=20 * GB, hand_total_bytes=150 * GB, hand_terms={},
+                host_reads={}, rollout_s=1.0, update_s=1.0, update_flops=1.0, tokens=1,
+                settings={"strategy": "ddp", "cpu_offload": False, "lora_rank": 0, "micro_batch_size": 6,
+                          "gradient_checkpointing": False})
+    return Rehearsal(**{**base, **changes})
+
+
+def test_a_recipe_that_does_not_fit_is_refused_with_its_split_and_the_settings_that_shrink_it():
+    from ddrl.training.rehearse import RecipeDoesNotFit, require_fit
+
+    try:
+        require_fit(_report())
+    except RecipeDoesNotFit as e:
+        text = str(e)
+    else:
+        raise AssertionError("152 GB on a 141 GB H200 was accepted")
+    assert "does not fit: rank 0 peaks at 152.0 GB" in text and "optimizer state" in text  # the split
+    advice = text[text.index("Settings that lower it"):].splitlines()[1:]
+    # the state (112 GB) outweighs the activations (40 GB): sharding and LoRA come first
+    assert advice[0].startswith("  - dist.strategy=fsdp") and "[112.0 GB of the peak]" in advice[0]
+    assert any("model.lora.rank" in a for a in advice) and "gradient_checkpointing=true" in advice[-2]
+    assert advice[-1].startswith("  - train.micro_batch_size=3")
+    # a recipe already sharded, offloaded, with LoRA and checkpointing is told only what is left
+    done = _report(settings={"strategy": "fsdp", "cpu_offload": True, "lora_rank": 128, "micro_batch_size": 1,
+                             "gradient_checkpointing": True})
+    try:
+        require_fit(done)
+    except RecipeDoesNotFit as e:
+        left = str(e)[str(e).index("Settings that lower it"):].splitlines()[1:]
+    assert left == ["  - --world-size 16 (1/16 of the sharded state) [112.0 GB of the peak]"]
+    require_fit(_report(peak_bytes=120 * GB))  # 120 GB <= 90% of 141 GB: fits, nothing raised
