@@ -74,21 +74,21 @@ def main() -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     args = p.parse_args()
-    rows = []
+    intro = (f"\n{SECTION}\n\n`bench/rehearse_all.py{' --quick' if args.quick else ''}`: rank 0 of "
+             f"{args.world_size} H200s, each recipe's own step on fake tensors, full width, memory "
+             f"extrapolated to full depth from rehearsals at 2 and 4 layers (MemTracker's peak; the hand model "
+             f"is ddrl.training.memory at full depth). Times: RuntimeEstimator's roofline (989 TFLOP/s bf16, "
+             f"4.8 TB/s), no collectives, no launch overhead: a lower bound, not a prediction. Host syncs: "
+             f"data-dependent reads per step, counted by call site (see `ddrl train CONFIG --rehearse`).\n\n"
+             f"{HEADER}\n")
+    with open(args.out, "a") as f:  # row by row: a long bench leaves what it finished
+        f.write(intro)
     for config in recipes(args.only):
         start = time.time()
-        rows.append(row(config, args.world_size, args.quick))
-        print(rows[-1], f"({time.time() - start:.0f} s on this CPU)", flush=True)
-    text = (f"\n{SECTION}\n\n`bench/rehearse_all.py{' --quick' if args.quick else ''}`: rank 0 of "
-            f"{args.world_size} H200s, each recipe's own step on fake tensors, full width, memory "
-            f"extrapolated to full depth from rehearsals at 2 and 4 layers (MemTracker's peak; the hand model "
-            f"is ddrl.training.memory at full depth). Times: RuntimeEstimator's roofline (989 TFLOP/s bf16, "
-            f"4.8 TB/s), no collectives, no launch overhead: a lower bound, not a prediction. Host syncs: "
-            f"data-dependent reads per step, counted by call site (see `ddrl train CONFIG --rehearse`).\n\n"
-            f"{HEADER}\n" + "\n".join(rows) + "\n")
-    with open(args.out, "a") as f:
-        f.write(text)
-    print(text)
+        line = row(config, args.world_size, args.quick)
+        print(line, f"({time.time() - start:.0f} s on this CPU)", flush=True)
+        with open(args.out, "a") as f:
+            f.write(line + "\n")
     return 0
 
 

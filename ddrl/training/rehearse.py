@@ -213,9 +213,10 @@ def prompt_of_width(tokenizer: Any, tokens: int) -> str:
 # ------------------------------------------------------------------ host syncs
 class HostReads(TorchDispatchMode):
     """Above FakeTensorMode: counts each data-dependent read (aten._local_scalar_dense: .item(),
-    .tolist(), bool(tensor); aten.nonzero) by the ddrl call site that made it, and answers it with a
-    stand-in (True / 1 / 1.0; nonzero: every element). In-place random initialisation (uniform_,
-    normal_) is skipped: a fake tensor has no values, and a CPU build has no CUDA generator."""
+    .tolist(), bool(tensor); aten.nonzero, x[mask], unique) by the ddrl call site that made it, and
+    answers it with a stand-in (True / 1 / 1.0; nonzero, x[mask], unique: every element; bincount:
+    even counts, e.g. an MoE's routing, read back whole by .tolist()). In-place random initialisation
+    (uniform_, normal_) is skipped: a fake tensor has no values, and a CPU build has no CUDA generator."""
 
     SKIPPED = {aten.uniform_.default, aten.normal_.default, aten.bernoulli_.float}
 
@@ -224,6 +225,7 @@ class HostReads(TorchDispatchMode):
         self.sites: Counter[str] = Counter()
         self.counting = False
         self.within = 0  # inside a call already counted as one read (one_read)
+        self.values: dict[int, list[int]] = {}  # stand-in values of a fake tensor the host will read whole
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         from torch._subclasses.fake_tensor import FakeTensor
@@ -241,6 +243,12 @@ class HostReads(TorchDispatchMode):
             self._record("item")
             dtype = args[0].dtype
             return True if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1)
+        if func is aten.bincount.default:  # MoE routing counts: read back by .tolist() (one_copy)
+            x, minlength = args[0], kwargs.get("minlength", args[2] if len(args) > 2 else 0)
+            out = torch.empty(max(minlength, 1), dtype=torch.long, device=x.device)
+            self.values[id(out)] = _balanced(x.numel(), out.numel())
+            weakref.finalize(out, self.values.pop, id(out), None)
+            return out
         if func is aten._unique2.default:  # torch.unique: stand-in "every element distinct"
             self._record("unique")
             x = args[0].reshape(-1)
@@ -274,7 +282,7 @@ class HostReads(TorchDispatchMode):
 
         def one_copy(tensor: torch.Tensor) -> Any:  # one device-to-host copy, not one read per element
             with self.one_read("tolist"):
-                return tolist(tensor)
+                return list(self.values[id(tensor)]) if id(tensor) in self.values else tolist(tensor)
 
         with mock.patch("torch.distributed.all_gather_object", all_gather_object), \
                 mock.patch.object(FakeTensor, "tolist", one_copy):
@@ -297,6 +305,13 @@ class HostReads(TorchDispatchMode):
     @property
     def total(self) -> int:
         return sum(self.sites.values())
+
+
+def _balanced(total: int, bins: int) -> list[int]:
+    """Stand-in for bincount of `total` items into `bins`: as even as integers allow (an MoE's routing
+    when balanced; every expert's slice sums to the same rows whatever the split, so the peak barely
+    depends on it)."""
+    return [total // bins + (i < total % bins) for i in range(bins)]
 
 
 def _every_element(indices: list[Any]) -> list[Any]:
@@ -443,6 +458,7 @@ class Rehearsal:
     peak_bytes: float
     peak_split: dict[str, float]
     rollout_peak_bytes: float
+    rollout_peak_split: dict[str, float]
     hand_total_bytes: float
     hand_terms: dict[str, float]
     host_reads: dict[str, int]
@@ -577,7 +593,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
         tracker = _memory_tracker(trainer)
         if isinstance(trainer.wrapped, torch.nn.parallel.DistributedDataParallel):
             _ddp_buckets_tracked(trainer.wrapped, tracker)
-        phases: dict[str, float] = {}
+        phases: dict[str, Any] = {}
         est = stack.enter_context(roofline(device))
         stack.enter_context(tracker)
         _mark_phases(trainer, est, tracker, cuda, phases)
@@ -590,7 +606,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
                 f"(at {_ddrl_frame_of(e)}); this family cannot be rehearsed until that op is avoided") from None
         reads.counting = False
     peak = tracker.get_tracker_snapshot("peak").get(cuda, {})
-    split = {SPLIT_NAMES.get(getattr(k, "name", str(k)), str(k)): float(v) for k, v in peak.items() if k != "Total"}
+    split = _named_split(peak)
     hand = estimate_memory(cfg, shape, world_size, counts=Counts.from_module(trainer.model),
                            prompt_tokens=trainer.max_prompt and min(width, trainer.max_prompt) or width)
     hand_terms = {**hand.held, **{f"{hand.peak_phase}: {k}": v for k, v in hand.phases[hand.peak_phase].items()}}
@@ -598,7 +614,8 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
     rows = t.prompts_per_step // world_size * t.group_size
     report = Rehearsal(config=name, world_size=world_size, layers=shape.n_layers, strategy=trainer.strategy,
                        peak_bytes=float(peak.get("Total", sum(split.values()))), peak_split=split,
-                       rollout_peak_bytes=phases.get("rollout_peak", 0.0), hand_total_bytes=hand.total,
+                       rollout_peak_bytes=phases.get("rollout_peak", 0.0),
+                       rollout_peak_split=phases.get("rollout_split", {}), hand_total_bytes=hand.total,
                        hand_terms=hand_terms, host_reads=dict(reads.sites), rollout_s=phases.get("rollout", 0.0),
                        update_s=phases.get("update", 0.0), update_flops=phases.get("update_flops", 0.0),
                        tokens=rows * cfg.rollout.gen_length, device=device, optimizer_steps=trainer.optimizer_steps,
@@ -611,6 +628,11 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
     if check_fit:
         require_fit(report)
     return report
+
+
+def _named_split(snapshot: dict[Any, int]) -> dict[str, float]:
+    """MemTracker's snapshot of one device as {category as the table names it: bytes}."""
+    return {SPLIT_NAMES.get(getattr(k, "name", str(k)), str(k)): float(v) for k, v in snapshot.items() if k != "Total"}
 
 
 def _local_bytes(tensor: torch.Tensor) -> int:
@@ -696,7 +718,10 @@ def extrapolate(two: Rehearsal, four: Rehearsal, layers: int, hand: Any) -> Rehe
     split = {k: line(two.peak_split.get(k, 0.0), v) for k, v in four.peak_split.items()}
     hand_terms = {**hand.held, **{f"{hand.peak_phase}: {k}": v for k, v in hand.phases[hand.peak_phase].items()}}
     return Rehearsal(config=four.config, world_size=four.world_size, layers=layers, strategy=four.strategy,
-                     peak_bytes=peak, peak_split=split, rollout_peak_bytes=rollout, hand_total_bytes=hand.total,
+                     peak_bytes=peak, peak_split=split, rollout_peak_bytes=rollout,
+                     rollout_peak_split={k: line(two.rollout_peak_split.get(k, 0.0), v)
+                                         for k, v in four.rollout_peak_split.items()},
+                     hand_total_bytes=hand.total,
                      hand_terms=hand_terms, host_reads=four.host_reads,
                      rollout_s=line(two.rollout_s, four.rollout_s), update_s=line(two.update_s, four.update_s),
                      update_flops=line(two.update_flops, four.update_flops), tokens=four.tokens,
@@ -740,13 +765,16 @@ def _memory_tracker(trainer: Any) -> Any:
     return tracker
 
 
-def _mark_phases(trainer: Any, est: Any, tracker: Any, device: torch.device, phases: dict[str, float]) -> None:
+def _mark_phases(trainer: Any, est: Any, tracker: Any, device: torch.device, phases: dict[str, Any]) -> None:
     """Wrap the trainer's phase methods on this instance only, so that the roofline time and the
     tracker's peak are read at the phase boundaries of the trainer's own train_step."""
     from torch.utils.flop_counter import FlopCounterMode
 
     def peak() -> float:
         return float(tracker.get_tracker_snapshot("peak").get(device, {}).get("Total", 0))
+
+    def split() -> dict[str, float]:
+        return _named_split(tracker.get_tracker_snapshot("peak").get(device, {}))
 
     def timed(method: Any, name: str, count_flops: bool = False) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -758,6 +786,7 @@ def _mark_phases(trainer: Any, est: Any, tracker: Any, device: torch.device, pha
                 phases["update_flops"] = phases.get("update_flops", 0.0) + flops.get_total_flops()
             if name == "rollout":
                 phases["rollout_peak"] = peak()
+                phases["rollout_split"] = split()
             return out
         return run
 

@@ -66,10 +66,17 @@ def test_peak_grows_by_one_sharded_block_per_layer_and_extrapolates(runs):
     params = "parameters (shards, gathered blocks)"
     per_layer = (BLOCK * 2 + LORA * 4) / WORLD
     assert (four.peak_split[params] - two.peak_split[params]) / 2 == pytest.approx(per_layer, rel=0.02)
+    # the rollout samples with every block gathered (distributed.gathered_parameters: no collective per
+    # sampler step), bf16 under the mixed-precision policy: each layer adds a whole block and its shard
+    gathered = BLOCK * 2 + LORA * 2 + per_layer
+    assert (four.rollout_peak_split[params] - two.rollout_peak_split[params]) / 2 == pytest.approx(gathered, rel=0.02)
     step = (four.peak_bytes - two.peak_bytes) / 2
     assert per_layer < step < 1 * GB  # plus the layer's kept activations, LoRA gradients and AdamW state
     full = extrapolate(two, four, 32, MemoryEstimate(held={}, phases={"update": {}}))
-    assert full.peak_bytes == pytest.approx(four.peak_bytes + 28 / 2 * (four.peak_bytes - two.peak_bytes))
+    # two lines, the rollout's and the step's, each four's value plus 14 increments of 2 layers
+    rollout = four.rollout_peak_bytes + 14 * (four.rollout_peak_bytes - two.rollout_peak_bytes)
+    whole = four.peak_bytes + 14 * (four.peak_bytes - two.peak_bytes)
+    assert full.peak_bytes == pytest.approx(max(rollout, whole)) and full.rollout_peak_bytes == pytest.approx(rollout)
     assert full.measured_layers == (2, 4) and "extrapolated from 2 and 4 layers" in full.table()
 
 

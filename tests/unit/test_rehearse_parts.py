@@ -53,7 +53,7 @@ def _report(**changes):
     base = dict(config="big.yaml", world_size=8, layers=32, strategy="ddp",
                 peak_split={"parameters (shards, gathered blocks)": 16 * GB, "gradients": 32 * GB,
                             "optimizer state": 64 * GB, "activations (forward outputs kept)": 40 * GB},
-                peak_bytes=152 * GB, rollout_peak_bytes=20 * GB, hand_total_bytes=150 * GB, hand_terms={},
+                peak_bytes=152 * GB, rollout_peak_bytes=20 * GB, rollout_peak_split={}, hand_total_bytes=150 * GB, hand_terms={},
                 host_reads={}, rollout_s=1.0, update_s=1.0, update_flops=1.0, tokens=1,
                 settings={"strategy": "ddp", "cpu_offload": False, "lora_rank": 0, "micro_batch_size": 6,
                           "gradient_checkpointing": False})
@@ -84,3 +84,16 @@ def test_a_recipe_that_does_not_fit_is_refused_with_its_split_and_the_settings_t
         left = str(e)[str(e).index("Settings that lower it"):].splitlines()[1:]
     assert left == ["  - --world-size 16 (1/16 of the sharded state) [112.0 GB of the peak]"]
     require_fit(_report(peak_bytes=120 * GB))  # 120 GB <= 90% of 141 GB: fits, nothing raised
+
+
+def test_a_whole_tensor_read_is_one_sync_and_routing_counts_stand_in_balanced():
+    reads = HostReads()
+    with FakeTensorMode(), reads, reads.objects():
+        reads.counting = True
+        rows = torch.ones(12, 256, dtype=torch.long).tolist()  # decoding completions: one device-to-host copy
+        assert len(rows) == 12 and len(rows[0]) == 256
+        counts = torch.bincount(torch.ones(30, dtype=torch.long), minlength=8).tolist()  # an MoE's routing
+        chosen = torch.ones(5, 3)[torch.ones(5, dtype=torch.bool)]  # x[mask]: nonzero, a sync on a GPU
+    assert counts == [4, 4, 4, 4, 4, 4, 3, 3]  # 30 routed pairs over 8 experts, as even as integers allow
+    assert chosen.shape == (5, 3)  # the stand-in selects every row: the largest shape the read can give
+    assert reads.sites == {"tolist at outside ddrl": 2, "nonzero (a read through a boolean mask) at outside ddrl": 1}
