@@ -715,12 +715,15 @@ def extrapolate(two: Rehearsal, four: Rehearsal, layers: int, hand: Any) -> Rehe
 
     rollout = line(two.rollout_peak_bytes, four.rollout_peak_bytes)
     peak = max(rollout, line(two.peak_bytes, four.peak_bytes))
-    split = {k: line(two.peak_split.get(k, 0.0), v) for k, v in four.peak_split.items()}
+    rollout_split = {k: line(two.rollout_peak_split.get(k, 0.0), v) for k, v in four.rollout_peak_split.items()}
+    split = rollout_split if peak == rollout else {k: line(two.peak_split.get(k, 0.0), v)
+                                                   for k, v in four.peak_split.items()}
+    if any(v < 0 for v in split.values()):  # the peak's moment moved within the update between 2 and 4 layers
+        split = {"total (the split moves between 2 and 4 layers: see the rehearsals)": peak}
     hand_terms = {**hand.held, **{f"{hand.peak_phase}: {k}": v for k, v in hand.phases[hand.peak_phase].items()}}
     return Rehearsal(config=four.config, world_size=four.world_size, layers=layers, strategy=four.strategy,
                      peak_bytes=peak, peak_split=split, rollout_peak_bytes=rollout,
-                     rollout_peak_split={k: line(two.rollout_peak_split.get(k, 0.0), v)
-                                         for k, v in four.rollout_peak_split.items()},
+                     rollout_peak_split=rollout_split,
                      hand_total_bytes=hand.total,
                      hand_terms=hand_terms, host_reads=four.host_reads,
                      rollout_s=line(two.rollout_s, four.rollout_s), update_s=line(two.update_s, four.update_s),

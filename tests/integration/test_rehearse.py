@@ -77,6 +77,8 @@ def test_peak_grows_by_one_sharded_block_per_layer_and_extrapolates(runs):
     rollout = four.rollout_peak_bytes + 14 * (four.rollout_peak_bytes - two.rollout_peak_bytes)
     whole = four.peak_bytes + 14 * (four.peak_bytes - two.peak_bytes)
     assert full.peak_bytes == pytest.approx(max(rollout, whole)) and full.rollout_peak_bytes == pytest.approx(rollout)
+    # the split of the line that peaks, extrapolated by category: it adds up to the peak, none negative
+    assert sum(full.peak_split.values()) == pytest.approx(full.peak_bytes) and min(full.peak_split.values()) >= 0
     assert full.measured_layers == (2, 4) and "extrapolated from 2 and 4 layers" in full.table()
 
 
