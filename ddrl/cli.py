@@ -110,8 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest complete checkpoint in the run directory (= resume=true)")
     p.add_argument("--output-dir", dest="output_dir", default=None, help="the run directory (= output_dir=DIR)")
+    p.add_argument("--rehearse", action="store_true",
+                   help="run one step of the recipe at its real size on fake tensors as rank 0 of --world-size "
+                        "ranks: measured memory, host syncs, roofline time (ddrl.training.rehearse)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="with --rehearse: that many layers at full width (a quick, reduced rehearsal)")
+    p.add_argument("--extrapolate", action="store_true",
+                   help="with --rehearse: rehearse 2 and 4 layers and extrapolate to the full depth (minutes, "
+                        "not the hour a full-depth rehearsal takes on a CPU)")
     p.add_argument("--world-size", dest="world_size", type=_positive(int), default=1,
-                   help="with --dry-run: number of GPUs")
+                   help="with --dry-run or --rehearse: number of GPUs")
     p.add_argument("--gpu-memory", dest="gpu_memory", type=_positive(float), default=80.0,
                    help="with --dry-run: GB per GPU to compare against (80: A100/H100; 141: H200)")
 
@@ -276,6 +284,18 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    if getattr(args, "rehearse", False):
+        from ddrl.training.rehearse import RecipeDoesNotFit, rehearse, rehearse_extrapolated
+
+        try:
+            overrides = [*args.overrides, *_train_flags(args)]
+            report = (rehearse_extrapolated(args.config, overrides, args.world_size) if args.extrapolate
+                      else rehearse(args.config, overrides, args.world_size, layers=args.layers))
+        except RecipeDoesNotFit as e:
+            print(e, file=sys.stderr)
+            return 1
+        print(report.table())
+        return 0
     if getattr(args, "dry_run", False):
         from ddrl.training.memory import dry_run
 

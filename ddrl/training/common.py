@@ -42,7 +42,9 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
     """A generator seeded with `seed` on `device` (CUDA: the draws happen there, no host copy; any
     other device: a CPU generator)."""
     device = torch.device(device)
-    g = torch.Generator(device=device if device.type == "cuda" else "cpu")
+    # a build without CUDA has no CUDA generator: a rehearsal's fake CUDA tensors draw from a CPU one
+    cuda = device.type == "cuda" and torch.backends.cuda.is_built()
+    g = torch.Generator(device=device if cuda else "cpu")
     g.manual_seed(seed)
     return g
 

@@ -154,7 +154,10 @@ def shard_model(model: torch.nn.Module, device: torch.device, mixed_precision: s
 
     from ddrl.models.hf import transformer_blocks  # no transformers import at module level
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # the mesh's ranks are host data, also in a rehearsal (ddrl.training.rehearse)
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = mixed_precision_policy(mixed_precision)
     kwargs: dict[str, Any] = {} if policy is None else {"mp_policy": policy}
     if cpu_offload:

@@ -33,8 +33,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from tqdm.auto import tqdm
@@ -67,8 +68,28 @@ from ddrl.training.update_plan import UpdatePlanner, passes
 from ddrl.types import EstimatorOutput, RolloutBatch
 
 
+def _move(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """module.to(device), skipped when every parameter is there already: Module.to swaps each parameter
+    even then, which a rehearsal's fake tensors refuse (ddrl.training.rehearse)."""
+    if any(p.device != device for p in module.parameters()):
+        module.to(device)
+    return module
+
+
 class NonFiniteError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
+
+
+@dataclass
+class Provided:
+    """What a caller hands the trainer instead of the trainer building it; None = the trainer's own.
+    ddrl.training.rehearse passes a fake CUDA device, a stand-in task and a loader that builds the
+    model at its real size on fake tensors (no weights), and leaves the fit to its memory tracker."""
+
+    device: torch.device | None = None
+    task: Any = None
+    load_model: Callable[..., Any] | None = None  # called as ddrl.models.load_model(path, **kwargs)
+    memory_check: bool = True  # ddrl.training.memory.check_memory before the model is placed
 
 
 def _failed_start_leaves_nothing(init: Any) -> Any:
@@ -76,9 +97,9 @@ def _failed_start_leaves_nothing(init: Any) -> Any:
     directories it made while they are empty, and gives the console back."""
 
     @functools.wraps(init)
-    def start(self: "Trainer", cfg: RLConfig) -> None:
+    def start(self: "Trainer", cfg: RLConfig, provided: "Provided | None" = None) -> None:
         try:
-            init(self, cfg)
+            init(self, cfg, provided)
         except BaseException:
             if getattr(self, "run_log", None) is not None:
                 self.run_log.stop()
@@ -91,12 +112,13 @@ def _failed_start_leaves_nothing(init: Any) -> Any:
 
 class Trainer:
     @_failed_start_leaves_nothing
-    def __init__(self, cfg: RLConfig):
+    def __init__(self, cfg: RLConfig, provided: Provided | None = None):
         from ddrl.tasks import get_task
 
         self.cfg = cfg
+        self.provided = provided or Provided()
         t = cfg.train
-        self.device = pick_device(cfg.device)
+        self.device = self.provided.device or pick_device(cfg.device)
         self.dist: DistInfo = init_distributed(cfg.dist.backend, self.device, timeout_s=cfg.dist.timeout,
                                                one_rank_group=cfg.dist.cpu_offload, cpu_offload=cfg.dist.cpu_offload)
         check_whole_groups(t.prompts_per_step, self.dist.world_size)  # before the data and the model
@@ -105,7 +127,7 @@ class Trainer:
         # resume / overwrite refusals before any compute (ddrl.training.run_dir)
         self.run_directory = RunDirectory.open(cfg.output_dir, cfg.resume, cfg.overwrite)
         self.run_dir = self.run_directory.path
-        self.task = get_task(cfg.task.name, **task_kwargs(cfg.task))
+        self.task = self.provided.task or get_task(cfg.task.name, **task_kwargs(cfg.task))
         self.method: Method = build_method(cfg)
         self.objective, self.estimator = self.method.objective, self.method.estimator
         self.strategy = resolve_strategy(cfg.dist.strategy, self.dist)
@@ -194,7 +216,7 @@ class Trainer:
         if self._rank0_loading:  # weights read once, on rank 0; the other ranks build on the meta device
             model = ckpt.load_model_on_rank0(m.path, self.dist, **kwargs)
         else:
-            model = load_model(m.path, **kwargs)
+            model = (self.provided.load_model or load_model)(m.path, **kwargs)
         if getattr(model, "mask_token_id", None) is None:
             raise ValueError(f"model {self.cfg.model.path!r} has no mask token; set model.mask_token_id")
         lora = self.cfg.model.lora
@@ -212,15 +234,17 @@ class Trainer:
     def _rank0_loading(self) -> bool:
         """Sharded runs read the checkpoint on rank 0 only (N ranks x 16 GB of host memory at 8B otherwise).
         Not with dist.cpu_offload: each rank reads it, and its shards stay in host memory."""
-        return self.strategy == "fsdp" and self.dist.enabled and not self.cfg.dist.cpu_offload
+        return (self.strategy == "fsdp" and self.dist.enabled and not self.cfg.dist.cpu_offload
+                and self.provided.load_model is None)
 
     def _place_models(self, precision: str) -> torch.nn.Module:
         """Policy (and reference) onto the device, wrapped or sharded; returns the wrapped policy.
         First the memory check: a model whose training state cannot fit the device under this
         strategy is refused before any of it is moved. Under FSDP the reference is sharded like the
         policy: 1/N of a copy per rank."""
-        check_memory(self.cfg, self.model, self.dist.world_size, device_memory(self.device),
-                     reference_copy=self.ref_model is not None, strategy=self.strategy)
+        if self.provided.memory_check:
+            check_memory(self.cfg, self.model, self.dist.world_size, device_memory(self.device),
+                         reference_copy=self.ref_model is not None, strategy=self.strategy)
         if self._rank0_loading:  # rank 0's weights go straight into every rank's shards
             ref_full = self.ref_model.state_dict() if self.ref_model is not None and self.dist.is_main else {}
             wrapped = ckpt.wrap_from_rank0(self.model, "fsdp", self.device, self.dist, mixed_precision=precision)
@@ -230,10 +254,11 @@ class Trainer:
                 ckpt.broadcast_to_shards(self.ref_model, ref_full, self.device)
             return wrapped
         offload = self.cfg.dist.cpu_offload  # the shards stay in host memory: shard on the CPU
-        self.model.to("cpu" if offload else self.device).train()
+        place = torch.device("cpu" if offload else self.device)
+        _move(self.model, place).train()
         wrapped = wrap_model(self.model, self.strategy, self.device, precision, cpu_offload=offload)
         if self.ref_model is not None:
-            self.ref_model.to("cpu" if offload else self.device)
+            _move(self.ref_model, place)
             if self.strategy == "fsdp":
                 shard_model(self.ref_model, self.device, precision, cpu_offload=offload)
         return wrapped

@@ -1,0 +1,99 @@
+"""The parts of `ddrl train --rehearse` (ddrl.training.rehearse) that run without a whole step."""
+
+import json
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ddrl.training.memory import GB, LLADA_8B, LLADA2_MINI, shape_from_config
+from ddrl.training.rehearse import FIXTURES, HostReads, family_source, sized_config
+
+
+def test_llada_fixture_config_resized_to_the_published_shape():
+    source, shape = family_source("/path/to/LLaDA-8B-Instruct")
+    assert shape == LLADA_8B
+    sized = sized_config(json.loads((source / "config.json").read_text()), shape, None)
+    assert (sized["d_model"], sized["n_layers"], sized["mlp_hidden_size"], sized["embedding_size"]) == (
+        4096, 32, 12288, 126464)
+    assert shape_from_config(sized).params == LLADA_8B.params  # 8.0B: the hand model reads the same sizes
+
+
+def test_reduced_layer_count_and_moe_fields():
+    raw = json.loads((FIXTURES / "llada2/model-2.0/config.json").read_text())
+    sized = sized_config(raw, LLADA2_MINI, 4)
+    assert sized["num_hidden_layers"] == 4 and sized["num_experts"] == 256 and sized["moe_intermediate_size"] == 512
+    assert sized["rotary_dim"] == 64  # half of a 128-wide head (partial_rotary_factor 0.5)
+
+
+def test_host_reads_are_counted_by_call_site():
+    reads = HostReads()
+    with FakeTensorMode(), reads:
+        x = torch.ones(3, 4)
+        reads.counting = True
+        assert bool((x > 0).any())  # stand-in True
+        assert x.sum().item() == 1.0  # stand-in 1.0: fake tensors hold no values
+        idx = torch.nonzero(x)
+    assert idx.shape == (12, 2)  # stand-in: every element
+    assert reads.total == 3
+    assert all("test_rehearse_parts" not in site for site in reads.sites)  # sites name ddrl frames only
+
+
+def test_unknown_placeholder_is_refused_with_the_known_families():
+    try:
+        family_source("/path/to/SomeOther-7B")
+    except ValueError as e:
+        assert "LLaDA-8B" in str(e) and "model.path" in str(e)
+    else:
+        raise AssertionError("an unknown placeholder was accepted")
+
+
+def _report(**changes):
+    from ddrl.training.rehearse import Rehearsal
+
+    base = dict(config="big.yaml", world_size=8, layers=32, strategy="ddp",
+                peak_split={"parameters (shards, gathered blocks)": 16 * GB, "gradients": 32 * GB,
+                            "optimizer state": 64 * GB, "activations (forward outputs kept)": 40 * GB},
+                peak_bytes=152 * GB, rollout_peak_bytes=20 * GB, rollout_peak_split={}, hand_total_bytes=150 * GB, hand_terms={},
+                host_reads={}, rollout_s=1.0, update_s=1.0, update_flops=1.0, tokens=1,
+                settings={"strategy": "ddp", "cpu_offload": False, "lora_rank": 0, "micro_batch_size": 6,
+                          "gradient_checkpointing": False})
+    return Rehearsal(**{**base, **changes})
+
+
+def test_a_recipe_that_does_not_fit_is_refused_with_its_split_and_the_settings_that_shrink_it():
+    from ddrl.training.rehearse import RecipeDoesNotFit, require_fit
+
+    try:
+        require_fit(_report())
+    except RecipeDoesNotFit as e:
+        text = str(e)
+    else:
+        raise AssertionError("152 GB on a 141 GB H200 was accepted")
+    assert "does not fit: rank 0 peaks at 152.0 GB" in text and "optimizer state" in text  # the split
+    advice = text[text.index("Settings that lower it"):].splitlines()[1:]
+    # the state (112 GB) outweighs the activations (40 GB): sharding and LoRA come first
+    assert advice[0].startswith("  - dist.strategy=fsdp") and "[112.0 GB of the peak]" in advice[0]
+    assert any("model.lora.rank" in a for a in advice) and "gradient_checkpointing=true" in advice[-2]
+    assert advice[-1].startswith("  - train.micro_batch_size=3")
+    # a recipe already sharded, offloaded, with LoRA and checkpointing is told only what is left
+    done = _report(settings={"strategy": "fsdp", "cpu_offload": True, "lora_rank": 128, "micro_batch_size": 1,
+                             "gradient_checkpointing": True})
+    try:
+        require_fit(done)
+    except RecipeDoesNotFit as e:
+        left = str(e)[str(e).index("Settings that lower it"):].splitlines()[1:]
+    assert left == ["  - --world-size 16 (1/16 of the sharded state) [112.0 GB of the peak]"]
+    require_fit(_report(peak_bytes=120 * GB))  # 120 GB <= 90% of 141 GB: fits, nothing raised
+
+
+def test_a_whole_tensor_read_is_one_sync_and_routing_counts_stand_in_balanced():
+    reads = HostReads()
+    with FakeTensorMode(), reads, reads.objects():
+        reads.counting = True
+        rows = torch.ones(12, 256, dtype=torch.long).tolist()  # decoding completions: one device-to-host copy
+        assert len(rows) == 12 and len(rows[0]) == 256
+        counts = torch.bincount(torch.ones(30, dtype=torch.long), minlength=8).tolist()  # an MoE's routing
+        chosen = torch.ones(5, 3)[torch.ones(5, dtype=torch.bool)]  # x[mask]: nonzero, a sync on a GPU
+    assert counts == [4, 4, 4, 4, 4, 4, 3, 3]  # 30 routed pairs over 8 experts, as even as integers allow
+    assert chosen.shape == (5, 3)  # the stand-in selects every row: the largest shape the read can give
+    assert reads.sites == {"tolist at outside ddrl": 2, "nonzero (a read through a boolean mask) at outside ddrl": 1}
