@@ -146,11 +146,11 @@ def test_released_is_refused_on_text_completions():
 def _trainer_load(path: Path, **model_keys):
     """The model `ddrl train` loads (Trainer._load_model) from a config with these model.* keys."""
     from ddrl.config import load_config
-    from ddrl.training.trainer import Trainer
+    from ddrl.training.trainer import Provided, Trainer
 
     overrides = [f"model.path={path}", "model.dtype=float32"] + [f"model.{k}={v}" for k, v in model_keys.items()]
     c = load_config(None, overrides)
-    return Trainer._load_model(SimpleNamespace(cfg=c, _rank0_loading=False))
+    return Trainer._load_model(SimpleNamespace(cfg=c, _rank0_loading=False, provided=Provided()))
 
 
 def _rollout_prompts(model):
