@@ -232,4 +232,8 @@ def _rank0_worker(model_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
+    import torch.distributed as tdist
+
     {"save": _save_worker, "load": _load_worker, "rank0": _rank0_worker}[sys.argv[1]](*sys.argv[2:])
+    if tdist.is_initialized():  # gloo's threads stopped before teardown: exiting with them alive can abort (SIGABRT)
+        tdist.destroy_process_group()
