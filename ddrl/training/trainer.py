@@ -53,7 +53,7 @@ from ddrl.sampling.checks import check_sampler, resolve_sampler, speed_settings
 from ddrl.training import checkpoint as ckpt
 from ddrl.training.common import (Clock, build_optimizer, build_scheduler, derive_seed, disable_dropout,
                                   make_generator, nanmean, pick_device)
-from ddrl.training.distributed import (DistInfo, ModelHandle, StepSums, all_reduce_sum, check_whole_groups,
+from ddrl.training.distributed import (DistInfo, ModelHandle, StepSums, all_reduce_sum, barrier, check_whole_groups,
                                        compute_context, copy_parameters, device_memory, gathered_parameters,
                                        gradient_sync, init_distributed, reduce_mean_dict, reshard, resolve_strategy,
                                        shard_model, wrap_model, zero_loss)
@@ -127,6 +127,7 @@ class Trainer:
         # resume / overwrite refusals before any compute (ddrl.training.run_dir)
         self.run_directory = RunDirectory.open(cfg.output_dir, cfg.resume, cfg.overwrite)
         self.run_dir = self.run_directory.path
+        barrier(self.dist)  # every rank has judged output_dir before rank 0 writes into it (metrics.jsonl)
         self.task = self.provided.task or get_task(cfg.task.name, **task_kwargs(cfg.task))
         self.method: Method = build_method(cfg)
         self.objective, self.estimator = self.method.objective, self.method.estimator

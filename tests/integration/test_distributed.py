@@ -71,7 +71,7 @@ def ddrl_train(args: list[str], processes: int) -> None:
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
     cmd = [sys.executable, *launcher, "-m", "ddrl", "train", str(ROOT / "configs/rl/grpo_mini_sudoku.yaml"), *args]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[:4000] + '\n...\n' + done.stderr[-3000:]  # a rank's own traceback comes first, torchrun's summary last
 
 
 def weights(directory) -> dict[str, torch.Tensor]:
