@@ -64,7 +64,7 @@ def split_examples(task: Any, split: str, n: int, seed: int = 0) -> list[dict[st
 
 
 def cluster_keys(task: Any, examples: Sequence[dict[str, Any]]) -> list[Any] | None:
-    """One cluster key per example for the bootstrap (ddrl/eval/stats.py), or None when every
+    """One cluster key per example for the bootstrap (ddrl/stats.py), or None when every
     example is independent. An example whose key is None is a cluster of its own."""
     key = getattr(task, "cluster_key", None)
     keys = [key(e) for e in examples] if callable(key) else [None] * len(examples)
@@ -151,7 +151,7 @@ class Task:
         return split_examples(self, split, n, seed)
 
     def cluster_key(self, example: dict[str, Any]) -> str | None:
-        """What makes examples dependent, for the bootstrap over clusters (ddrl/eval/stats.py): the
+        """What makes examples dependent, for the bootstrap over clusters (ddrl/stats.py): the
         puzzles of one 4x4 Sudoku grid are not independent draws. None = independent examples."""
         return None
 
