@@ -146,11 +146,6 @@ def build_method(cfg: RLConfig) -> Method:
     m = cfg.method
     cls = OBJECTIVES.get(m.objective)
     args = dict(m.objective_args)
-    if m.ratio_noise:
-        if "ratio_noise_std" not in {f.name for f in dataclasses.fields(cls)}:
-            raise ValueError(f"method.ratio_noise is set but objective {m.objective!r} has no ratio to perturb; "
-                             f"use it with stable_drl, espo, fpo or a token-level objective such as grpo")
-        args["ratio_noise_std"] = m.ratio_noise
     elbo_reg = m.elbo_reg
     if "elbo_reg" in {f.name for f in dataclasses.fields(cls)}:
         # DiPOD's loss is FPO's plus this regulariser, so λ is its own field and it adds the term
