@@ -316,8 +316,7 @@ def part_verdict(reward: CompositeReward, part: str) -> Callable[..., list[float
     """1.0 where the named part of a composite reward is positive (its correctness verdict)."""
 
     def metric(completions: list[str], **columns: Any) -> list[float]:
-        reward(completions, **columns)
-        return [1.0 if s is not None and s > 0 else 0.0 for s in reward.last_parts[part]]
+        return [1.0 if s is not None and s > 0 else 0.0 for s in reward.score(completions, **columns).parts[part]]
 
     return metric
 

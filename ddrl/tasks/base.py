@@ -22,6 +22,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from ddrl.rewards.composite import RewardResult
+
 RewardFn = Callable[..., list[float | None]]
 
 SPLITS = ("train", "dev", "test")
@@ -163,6 +165,11 @@ class Task:
     def reward(self, completions: list[str], **columns: list[Any]) -> list[float | None]:
         """One score per completion; columns are lists aligned with completions."""
         raise NotImplementedError
+
+    def score(self, completions: list[str], **columns: list[Any]) -> RewardResult:
+        """The reward's scores with its per-part breakdown (the trainer logs each part as
+        reward/<part>). Default: `reward`'s scores, no parts; a task with a CompositeReward gives its parts."""
+        return RewardResult(list(self.reward(completions, **columns)))
 
     def correct(self, completions: list[str], **columns: list[Any]) -> list[bool]:
         """Whether each completion solves its example (the task's accuracy metric): a None or non-finite

@@ -428,8 +428,8 @@ class Trainer:
     def score(self, batch: RolloutBatch) -> None:
         examples = batch.extras.pop("examples")
         columns = {c: [ex.get(c) for ex in examples] for c in examples[0] if c != "prompt"}
-        rewards = self.task.reward(batch.completions, **columns, **batch.extras.pop("reward_inputs", {}))
-        values = [float("nan") if r is None else float(r) for r in rewards]
+        scored = self.task.score(batch.completions, **columns, **batch.extras.pop("reward_inputs", {}))
+        values = [float("nan") if r is None else float(r) for r in scored.scores]
         batch.rewards = torch.tensor(values, dtype=torch.float32, device=self.device)
         batch.extras["reward_failed"] = ~torch.isfinite(batch.rewards)  # [B] the reward itself gave None/NaN
         truncated = self.cfg.train.truncated_reward
@@ -443,9 +443,8 @@ class Trainer:
         batch.extras["reward_invalid"] = invalid  # [B] for reward/invalid_frac, before "zero" makes them 0
         # "drop": excluded from the group, no loss; "zero": a reward of 0 like any other (d1, wd1)
         batch.rewards[invalid] = 0.0 if self.method.advantage.invalid == "zero" else float("nan")
-        parts = getattr(self.task, "reward_parts", None) or getattr(getattr(self.task, "reward", None), "last_parts", None)
-        if isinstance(parts, dict):
-            batch.extras["reward_parts"] = {k: nanmean(v) for k, v in parts.items()}
+        if scored.parts:
+            batch.extras["reward_parts"] = {k: nanmean(v) for k, v in scored.parts.items()}
 
     def _no_valid_reward(self, batch: RolloutBatch) -> bool:
         """Whether the reward gave None/NaN for every completion of the step, on every rank (a
