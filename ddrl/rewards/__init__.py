@@ -56,5 +56,5 @@ def __getattr__(name: str) -> Any:  # numpy/torch load only when an image or mod
 
 
 __all__ = ["CompositeReward", "RewardResult", "score_parts", "d1_math_reward", "per_completion", "boxed_reward",
-           "extract_answer", "extract_boxed", "soft_format_reward", "strict_format_reward", "gold_answer", "math_correct",
-           "math_correctness_reward", *_LAZY]
+           "extract_answer", "extract_boxed", "soft_format_reward", "strict_format_reward", "gold_answer",
+           "math_correct", "math_correctness_reward", *_LAZY]

@@ -34,7 +34,8 @@ class LossTerm(Protocol):
 
     def recorder(self, model: nn.Module) -> ContextManager[Any] | None: ...
 
-    def __call__(self, batch: RolloutBatch, new: EstimatorOutput, counts: AggregationCounts) -> tuple[Tensor, Tensor]: ...
+    def __call__(self, batch: RolloutBatch, new: EstimatorOutput,
+                 counts: AggregationCounts) -> tuple[Tensor, Tensor]: ...
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ class ElboTerm:
     def recorder(self, model: nn.Module) -> None:
         return None
 
-    def __call__(self, batch: RolloutBatch, new: EstimatorOutput, counts: AggregationCounts) -> tuple[Tensor, Tensor]:
+    def __call__(self, batch: RolloutBatch, new: EstimatorOutput,
+                 counts: AggregationCounts) -> tuple[Tensor, Tensor]:
         reg = elbo_regulariser(batch, new, counts)
         return self.weight * reg, reg.detach()
 
@@ -72,7 +74,8 @@ class RouterBalanceTerm:
         self.balance = RouterBalance(model)
         return self.balance
 
-    def __call__(self, batch: RolloutBatch, new: EstimatorOutput, counts: AggregationCounts) -> tuple[Tensor, Tensor]:
+    def __call__(self, batch: RolloutBatch, new: EstimatorOutput,
+                 counts: AggregationCounts) -> tuple[Tensor, Tensor]:
         if self.balance is None:
             raise RuntimeError("the router balance term reads the routers of the loss forwards: run them inside "
                                "`with method.recorder(model):`")

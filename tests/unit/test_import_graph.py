@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 DDRL = Path(__file__).resolve().parents[2] / "ddrl"
+MODULE_NAME = re.compile(r"ddrl(\.\w+)+")  # a string that spells a ddrl module ("ddrl.tasks.presets")
 
 # The registry is the one hub that names every layer: `_ensure_builtins_loaded` imports the built-in
 # layers by name so that a lookup finds them before anyone imported them. Every layer imports the
@@ -56,7 +57,7 @@ def _imported(tree: ast.AST, module: str, is_package: bool) -> list[tuple[str, i
             out.append((base, node.lineno))
             if base == "ddrl":  # `from ddrl import config` names a module
                 out += [(f"ddrl.{a.name}", node.lineno) for a in node.names]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"ddrl(\.\w+)+", node.value):
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
             out.append((node.value, node.lineno))
     return out
 
@@ -82,7 +83,7 @@ def import_graph() -> dict[str, dict[str, list[str]]]:
 def _loaded_by_name(path: Path) -> set[str]:
     """The modules a file loads by name (string constants), as opposed to import statements."""
     return {n.value for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and re.fullmatch(r"ddrl(\.\w+)+", n.value)}
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and MODULE_NAME.fullmatch(n.value)}
 
 
 def circles(edges: dict[str, dict[str, list[str]]]) -> list[list[str]]:

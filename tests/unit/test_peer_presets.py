@@ -1,4 +1,5 @@
-"""The peer presets (ddrl/tasks/presets/<paper>.py, rewards in ddrl/rewards/peers.py) against the peers' own reward, metric and prompt code.
+"""The peer presets (ddrl/tasks/presets/<paper>.py; their rewards: ddrl/rewards/peers.py) against the
+peers' own reward, metric and prompt code.
 
 tests/fixtures/peer_rewards/<paper>.json holds the scores and prompts that ESPO's, SPG's, StableDRL's,
 GDSD's and DiffuCoder's own functions gave on fixed completions (tests/fixtures/make_peer_rewards.py,

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddrl.rewards import (CompositeReward, RewardResult, boxed_reward, d1_math_reward, extract_answer, extract_boxed,
-                          math_correctness_reward, score_parts, per_completion, soft_format_reward, strict_format_reward)
+                          math_correctness_reward, per_completion, score_parts, soft_format_reward,
+                          strict_format_reward)
 from ddrl.rewards.format import has_soft_format, has_strict_format
 from ddrl.rewards.image import digits_classifier_accuracy, digits_classifier_reward, prompt_following
 from ddrl.rewards.math import gold_answer, math_correct

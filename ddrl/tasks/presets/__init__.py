@@ -14,8 +14,9 @@ paper to paper. A preset bundles the three for one (paper, task) pair:
 
 Each paper's presets live in this package, one module a paper (d1, espo, spg, stable_drl, gdsd,
 diffucoder); they register themselves when imported, on the first lookup. Their reward and metric
-functions are plain functions in ddrl/rewards/ (d1.py, peers.py), which never import tasks. Columns are the task's example columns: gsm8k/math500 "question", "answer";
-countdown "numbers", "target"; sudoku4x4 "puzzle", "solution".
+functions are plain functions in ddrl/rewards/ (d1.py, peers.py), which never import tasks.
+Columns are the task's example columns: gsm8k/math500 "question", "answer"; countdown "numbers",
+"target"; sudoku4x4 "puzzle", "solution".
 """
 
 from __future__ import annotations
