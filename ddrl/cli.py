@@ -484,7 +484,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
-        raise SystemExit(f"ddrl compare: --seeds takes comma-separated integers, e.g. 0,1,2; got {args.seeds!r}")
+        raise SystemExit(f"ddrl compare: --seeds takes comma-separated integers, e.g. 0,1,2; got {args.seeds!r}") from None
     run_compare(config=args.config, methods=methods, steps=args.steps, output_dir=args.output_dir,
                 seeds=seeds, extra_overrides=args.overrides)
     return 0

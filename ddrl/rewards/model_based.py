@@ -71,7 +71,7 @@ class ModelReward(nn.Module):
                     try:
                         out.extend(self._score(batch, cols))
                     except Exception:  # noqa: BLE001 - isolate the completion that breaks the batch
-                        for j, i in enumerate(rows):
+                        for j in range(len(rows)):
                             try:
                                 out.extend(self._score([batch[j]], {k: [v[j]] for k, v in cols.items()}))
                             except Exception:  # noqa: BLE001

@@ -136,7 +136,7 @@ def accepts_cache(model: Any) -> bool:
     seen = 0
     model = _unwrapped(model)
     while model is not None and seen < 8:
-        forward = getattr(model, "forward", None) or getattr(model, "__call__", None)
+        forward = getattr(model, "forward", None) or (model if callable(model) else None)
         try:
             params = inspect.signature(forward).parameters
         except (TypeError, ValueError):

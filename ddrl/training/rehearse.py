@@ -531,7 +531,6 @@ def rehearse(config: str | Path, overrides: list[str] | None = None, world_size:
     """One step of the recipe at its real size (or `layers` layers) on rank 0 of world_size fake ranks;
     the report is written to the run directory (output_dir/rehearsal/rehearsal.json)."""
     import torch.distributed as dist
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from ddrl.config import RLConfig, load_config
