@@ -401,6 +401,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
     class _Len:  # default size without a task: 32 new tokens, or what the context leaves
         gen_length = 32
+        modality = "text"
+        image_grid: tuple[int, int] | None = None
         if getattr(model, "max_seq_len", None):
             gen_length = max(1, min(32, model.max_seq_len - len(model.tokenizer.encode(args.prompt)) - 1))
 

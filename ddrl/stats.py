@@ -94,7 +94,7 @@ def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float,
     return lo, hi
 
 
-def bootstrap_interval(values: Sequence[float], *, clusters: Sequence[Hashable] | None = None,
+def bootstrap_interval(values: Sequence[float] | np.ndarray, *, clusters: Sequence[Hashable] | None = None,
                        level: float = 0.95, n_boot: int = 2000, seed: RandomSource = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of `values`.
 
@@ -129,7 +129,7 @@ def rate_estimate(successes: int, n: int, level: float = 0.95) -> Estimate:
     return Estimate(successes / n, lo, hi, n, None, "wilson", level)
 
 
-def mean_estimate(values: Sequence[float], *, clusters: Sequence[Hashable] | None = None, level: float = 0.95,
+def mean_estimate(values: Sequence[float] | np.ndarray, *, clusters: Sequence[Hashable] | None = None, level: float = 0.95,
                   n_boot: int = 2000, seed: RandomSource = 0) -> Estimate:
     """A mean with its bootstrap interval (over clusters when given)."""
     array = _as_values(values)

@@ -143,7 +143,8 @@ class DiffusionLM(nn.Module):
                  logits_shifted: bool = False, block_size: int | None = None,
                  process_spec: dict[str, Any] | None = None, family: str = "ddrl", suppress_mask_logit: bool = False):
         super().__init__()
-        self.model = model
+        # a Hugging Face, peft or native backbone, read by the attribute names they share: typed Any
+        self.model: Any = model
         self.tokenizer = tokenizer
         from_tok = lambda name: getattr(tokenizer, name, None)  # noqa: E731
         self.mask_token_id = mask_token_id if mask_token_id is not None else from_tok("mask_token_id")
@@ -151,7 +152,7 @@ class DiffusionLM(nn.Module):
         self.eos_token_id = eos_token_id if eos_token_id is not None else from_tok("eos_token_id")
         self.bos_token_id = bos_token_id if bos_token_id is not None else from_tok("bos_token_id")
         self.stop_token_ids = stop_token_ids
-        backbone_config = getattr(model, "config", None)
+        backbone_config: Any = getattr(model, "config", None)
         if vocab_size is None:
             vocab_size = getattr(backbone_config, "vocab_size", None)
         if vocab_size is None and tokenizer is not None:

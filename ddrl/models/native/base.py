@@ -52,7 +52,7 @@ from ddrl.logits import take_positions
 from ddrl.models.io import ModelDirectoryError, open_safetensors, read_safetensors
 from ddrl.registry import Registry
 
-NATIVE_FAMILIES = Registry("native model family")
+NATIVE_FAMILIES: Registry[type] = Registry("native model family")
 
 KVCache = list[tuple[Tensor, Tensor]]  # per layer (k, v), each [B, H_kv, T, Dh]
 
@@ -233,6 +233,7 @@ class LayerCheckpointing:
 
     supports_gradient_checkpointing = True
     gradient_checkpointing = False
+    training: bool  # nn.Module's, in the class this mixes into
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
         """Recompute each layer's activations in backward (non-reentrant torch.utils.checkpoint)."""
@@ -254,7 +255,7 @@ class QwenStyleBackbone(LayerCheckpointing, nn.Module):
     def __init__(self, config: Any, trunk: nn.Module):
         super().__init__()
         self.config = config
-        self.model = trunk
+        self.model: Any = trunk  # the family's trunk (`model.{embed_tokens, layers, norm}`), read by name
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
