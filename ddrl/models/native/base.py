@@ -52,7 +52,7 @@ from ddrl.logits import take_positions
 from ddrl.models.io import ModelDirectoryError, open_safetensors, read_safetensors
 from ddrl.registry import Registry
 
-NATIVE_FAMILIES: Registry[type] = Registry("native model family")
+NATIVE_FAMILIES: Registry[type[Any]] = Registry("native model family")  # classes with from_pretrained
 
 KVCache = list[tuple[Tensor, Tensor]]  # per layer (k, v), each [B, H_kv, T, Dh]
 
