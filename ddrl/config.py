@@ -628,6 +628,8 @@ def validate(cfg: Any) -> None:
         if t.group_filter is not None and (len(t.group_filter) != 2 or t.group_filter[0] > t.group_filter[1]):
             raise ConfigError(f"train.group_filter={t.group_filter} must be [lo, hi] with lo <= hi "
                               f"(e.g. [0.2, 0.8]), or null")
+        if len(t.betas) != 2 or not all(0.0 <= b < 1.0 for b in t.betas):
+            raise ConfigError(f"train.betas={t.betas} must be AdamW's two betas in [0, 1), e.g. [0.9, 0.99]")
         if t.minibatches > t.prompts_per_step:
             raise ConfigError(f"train.minibatches={t.minibatches} is more than train.prompts_per_step="
                               f"{t.prompts_per_step}: an optimizer step takes at least one whole prompt group "
