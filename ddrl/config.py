@@ -394,7 +394,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
         return _build(tp, value, key)
@@ -674,7 +674,7 @@ def validate(cfg: Any) -> None:
 
 def _check_args(component: Any, args: dict[str, Any], key: str) -> None:
     """Keyword arguments of an objective/estimator must be fields of its dataclass."""
-    if not dataclasses.is_dataclass(component):
+    if not (isinstance(component, type) and dataclasses.is_dataclass(component)):  # registries hold classes
         return
     valid = {f.name for f in dataclasses.fields(component)}
     for k in args:
