@@ -104,10 +104,11 @@ def _cat_trajectories(parts: list[Trajectory | None]) -> Trajectory | None:
     if any(t is not None and (times[0] is None or not torch.equal(t, times[0])) for t in times):
         raise ValueError("rollout.batch_rows: the row chunks' samplers ran different step schedules; unset "
                          "rollout.batch_rows or rollout.threshold")
-    states = [p.states for p in recorded]
-    if any(s is not None and s.shape[1] != states[0].shape[1] for s in states):
+    states = [p.states for p in recorded if p.states is not None]
+    if states and (len(states) < len(recorded) or any(s.shape[1] != states[0].shape[1] for s in states)):
         raise ValueError("rollout.batch_rows: the row chunks recorded different numbers of states; unset "
                          "rollout.batch_rows")
-    probs = None if recorded[0].token_probs is None else torch.cat([pad(p.token_probs) for p in recorded])  # [B, S, L]
-    return Trajectory(commit_step=torch.cat([p.commit_step for p in recorded]), token_probs=probs,
-                      states=None if states[0] is None else torch.cat(states), step_times=times[0])
+    probs = [pad(p.token_probs) for p in recorded if p.token_probs is not None]  # the chunks' samplers are alike
+    return Trajectory(commit_step=torch.cat([p.commit_step for p in recorded]),
+                      token_probs=torch.cat(probs) if probs else None,  # [B, S, L]
+                      states=torch.cat(states) if states else None, step_times=times[0])

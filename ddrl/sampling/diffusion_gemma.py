@@ -190,6 +190,7 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Diffusi
         new_canvas = torch.where(accept, drawn, noise)
         if stopping is not None:
             if finished.any():  # a stopped row is frozen
+                assert self_conditioning is not None  # a row stops after a step, which set it
                 new_argmax = torch.where(finished[:, None], argmax_canvas, new_argmax)
                 new_canvas = torch.where(finished[:, None], canvas, new_canvas)
                 logits = torch.where(finished[:, None, None], self_conditioning, logits)

@@ -333,7 +333,7 @@ def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *, sam
     check_prompts(prompt_ids, prompt_mask)
     mask_id = model_mask_id(model) if mask_id is None else mask_id
     _check_model_inputs(model, prompt_ids, cfg.gen_length, mask_id)
-    block_length = int(block_size) if sampler == "block" else (cfg.block_length or cfg.gen_length)
+    block_length = int(block_size) if sampler == "block" and block_size is not None else (cfg.block_length or cfg.gen_length)
     rule = commit_rule(cfg, sampler, cfg.gen_length, block_length, model, key)
     p = f"{key}." if key else ""
     if isinstance(rule, ReleasedEmergeRule):

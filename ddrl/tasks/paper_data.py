@@ -277,7 +277,7 @@ class FileTask(Task):
                              f"dev (dev_fraction={self.source.dev_fraction}); pass a larger dev_fraction or train file")
         return held_out_sample(rows, n, f"{self.name}-dev-{seed}")
 
-    def all_test_examples(self) -> list[dict[str, Any]]:
+    def all_test_examples(self) -> list[dict[str, Any]] | None:  # Task's signature (PresetMixin wraps it)
         """The whole test split in file order (the order a paper's evaluation and subsample use)."""
         return [dict(r) for r in self._split_rows("test")]
 
