@@ -47,7 +47,7 @@ import ast
 import math
 import operator
 import re
-from typing import Any
+from typing import Any, Callable
 
 from ddrl.rewards.composite import CompositeReward, per_completion
 
