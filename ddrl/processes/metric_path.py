@@ -69,7 +69,9 @@ class MetricPathProcess(UniformProcess):
         for name, value in (("alpha", alpha), ("c", c), ("shift", shift)):
             if not float(value) > 0:
                 raise ValueError(f"{name} must be > 0, got {value!r} (scheduler_config.json)")
-        self.alpha, self.c, self.shift, self.eps = float(alpha), float(c), float(shift), float(eps)
+        # the float exponent shadows UniformProcess.alpha(t) (and this class's own alpha(t) below, which is
+        # unreachable): issue 35 makes the metric path a sibling of UniformProcess; drop these ignores then
+        self.alpha, self.c, self.shift, self.eps = float(alpha), float(c), float(shift), float(eps)  # type: ignore[method-assign,assignment]
         self.emb = torch.nn.functional.normalize(emb, dim=-1, eps=self.eps)  # ê [N, D]
         self._sumsq = self.emb.square().sum(-1)  # ||ê||² [N]
 
@@ -84,12 +86,13 @@ class MetricPathProcess(UniformProcess):
     # ---------------------------------------------------------------- the path (flow time s)
     def beta(self, s: Tensor | float) -> Tensor:
         s = torch.as_tensor(s, dtype=torch.float64)
-        return self.c * (s / (1 - s)) ** self.alpha
+        return self.c * (s / (1 - s)) ** self.alpha  # type: ignore[arg-type]  # the float exponent (above)
 
     def beta_prime(self, s: Tensor | float) -> Tensor:
         s = torch.as_tensor(s, dtype=torch.float64)
-        return torch.where(s > 0, self.c * self.alpha * s.clamp_min(1e-300) ** (self.alpha - 1)
-                           / (1 - s) ** (self.alpha + 1), torch.zeros_like(s))
+        alpha: float = self.alpha  # type: ignore[assignment]  # the float exponent (above)
+        return torch.where(s > 0, self.c * alpha * s.clamp_min(1e-300) ** (alpha - 1)
+                           / (1 - s) ** (alpha + 1), torch.zeros_like(s))
 
     def distances(self, x1: Tensor) -> Tensor:
         """d(x1, x) for every class x: class indices [...] -> [..., N] (their get_dist against the codebook)."""

@@ -118,6 +118,7 @@ class FixedCountRule:
         return step < self.steps_per_block
 
     def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: StepNoise | None) -> Tensor:
+        assert self.counts is not None  # begin_block ran
         return commit_top_k(confidence, self.counts[:, step])
 
     def step_time(self, step: int) -> float | None:
@@ -176,6 +177,7 @@ class DynamicRule(FixedCountRule):
         return step < self.steps_per_block and bool(masked.any())
 
     def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: StepNoise | None) -> Tensor:
+        assert self.counts is not None  # begin_block ran
         return commit_dynamic(confidence, masked, self.threshold, self.counts[:, step])
 
 
@@ -200,6 +202,7 @@ class EmergeRule:
         if step == T - 1:  # k(1) is 0 only up to rounding (cos(pi/2) = 6e-17): fill explicitly
             return masked
         k_t, k_s = self.mask_fraction(step / T), self.mask_fraction((step + 1) / T)
+        assert noise is not None  # emerge commits at random: its sampler always passes the step's noise
         return masked & (noise(masked.shape[1]) < (k_t - k_s) / k_t)
 
     def step_time(self, step: int) -> float | None:
@@ -222,8 +225,8 @@ def emerge_mask_fraction(model: Any) -> Callable[[float], float]:
     if own is not None:
         return EMERGE_SCHEDULES[own]
     schedule = getattr(getattr(model, "process", None), "schedule", None)
-    name = schedule if isinstance(schedule, str) else getattr(schedule, "name", None)
-    return EMERGE_SCHEDULES[EMERGE_SCHEDULE_FOR_PROCESS.get(name, "linear")]
+    name = schedule if isinstance(schedule, str) else getattr(schedule, "name", "")
+    return EMERGE_SCHEDULES[EMERGE_SCHEDULE_FOR_PROCESS.get(str(name), "linear")]
 
 
 def commit_rule(cfg: Any, sampler: str, gen_length: int, block_length: int, model: Any,
