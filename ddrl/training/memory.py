@@ -61,10 +61,11 @@ rollout.batch_rows when that is fewer (the rollout in calls of that many rows); 
 tokens (the prompt: rollout.max_prompt_length, else 256), W = rollout.block_length, S_b = sampler
 steps per block, N = an image model's codebook (config.json codebook_size; URSA's lm_head_size), m =
 rows per micro-batch (train.micro_batch_size rounded down to whole groups, at least one group: the
-trainer's micro-batches are whole groups; else all of a rank's rows), k = the estimator's masked
-copies per row (copies, num_t, num_mc, num_samples, num_strata, num_timesteps or len(t_values): what
-its `passes` names; a coupled pair counts 2, coupled_three_pass 3, a staircase row of twice the
-length 2), batched in one forward and one backward graph (rows_per_call splits the forward only);
+trainer's micro-batches are whole groups; else all of a rank's rows), k = the copies of a row the
+estimator declares (`copies_per_row`: copies, num_t, num_samples, num_strata, num_timesteps or
+len(t_values); 2 num_mc for a coupled pair per draw, coupled_three_pass 3, a staircase row of twice
+the length 2 num_t, concrete_score one sequence per probed position), batched in one forward and one
+backward graph (rows_per_call splits the forward only);
 with train.micro_batch_rows (an estimator's own training rows: TraceRL's trace states, UniGRPO's
 (sample, copy) rows) m x k is micro_batch_rows.
 
@@ -333,20 +334,15 @@ class Counts:
 
 
 def estimator_copies(method: Any) -> int:
-    """Masked copies of a row one estimator forward computes (module doc: k): the count its `passes`
-    names (copies, num_t, num_mc, num_samples, num_strata, num_timesteps or len(t_values)); a coupled
-    pair counts 2, coupled_three_pass 3, a staircase row (twice the length) 2."""
+    """Copies of a row one estimator call runs through the model in one forward and backward graph
+    (module doc: k), as the estimator declares it (`copies_per_row`)."""
     est = method.estimator
-    kind = type(est).__name__.lower()
-    if "threepass" in kind:
-        return 3
-    if getattr(est, "t_values", None):
-        return len(est.t_values)
-    for name in ("copies", "num_t", "num_mc", "num_samples", "num_strata", "num_timesteps"):
-        n = getattr(est, name, None)
-        if isinstance(n, int) and n > 0:
-            return n * (2 if ("coupled" in kind and name == "num_mc") or "staircase" in kind else 1)
-    return 1
+    copies = getattr(est, "copies_per_row", None)
+    if not isinstance(copies, int) or copies < 1:
+        raise ValueError(f"estimator {type(est).__name__} declares no copies_per_row (a positive int: the masked "
+                         f"copies of a row one call runs through the model); add it to its class, as "
+                         f"ddrl/estimators/*.py do")
+    return copies
 
 
 def estimate_memory(cfg: Any, shape: ModelShape, world_size: int, *, counts: Counts | None = None,

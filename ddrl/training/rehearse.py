@@ -345,7 +345,9 @@ class DeviceGuardless(torch.overrides.TorchFunctionMode):
     """Tensor.copy_ and Tensor.__setitem__ take a CUDA device guard in their Python bindings, which a
     CPU build cannot make even for fake tensors; the same aten ops called directly need none. A write
     through an advanced index lands in a temporary (fake tensors hold no values: only shapes count);
-    one through a boolean mask is a host sync, counted in `reads`."""
+    one through a boolean mask is a host sync, counted in `reads`. Dropout runs as the GPU runs it:
+    CUDA's fused native_dropout keeps a bool mask for backward, where a CPU build's dropout keeps a
+    float mask of the input's dtype (LoRA's fp32 adapter input: 4 bytes an element, not 1)."""
 
     def __init__(self, reads: HostReads):
         super().__init__()
@@ -353,6 +355,8 @@ class DeviceGuardless(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func is torch.nn.functional.dropout:
+            return _fused_dropout(*args, **kwargs)
         if func is torch.Tensor.copy_:
             return aten.copy_.default(args[0], args[1], **kwargs)
         if func is torch.Tensor.__setitem__:
@@ -369,6 +373,14 @@ class DeviceGuardless(torch.overrides.TorchFunctionMode):
                 aten.fill_.Scalar(view, value)
             return None
         return func(*args, **kwargs)
+
+
+def _fused_dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+    """F.dropout as CUDA runs it (at::native::dropout takes native_dropout on a GPU for 0 < p < 1)."""
+    if not training or p <= 0.0 or p >= 1.0 or inplace:
+        with torch._C.DisableTorchFunction():
+            return torch.nn.functional.dropout(input, p, training, inplace)
+    return torch.native_dropout(input, p, True)[0]
 
 
 @contextmanager
