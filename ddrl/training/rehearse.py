@@ -345,9 +345,7 @@ class DeviceGuardless(torch.overrides.TorchFunctionMode):
     """Tensor.copy_ and Tensor.__setitem__ take a CUDA device guard in their Python bindings, which a
     CPU build cannot make even for fake tensors; the same aten ops called directly need none. A write
     through an advanced index lands in a temporary (fake tensors hold no values: only shapes count);
-    one through a boolean mask is a host sync, counted in `reads`. Dropout runs as the GPU runs it:
-    CUDA's fused native_dropout keeps a bool mask for backward, where a CPU build's dropout keeps a
-    float mask of the input's dtype (LoRA's fp32 adapter input: 4 bytes an element, not 1)."""
+    one through a boolean mask is a host sync, counted in `reads`."""
 
     def __init__(self, reads: HostReads):
         super().__init__()
@@ -355,8 +353,6 @@ class DeviceGuardless(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is torch.nn.functional.dropout:
-            return _fused_dropout(*args, **kwargs)
         if func is torch.Tensor.copy_:
             return aten.copy_.default(args[0], args[1], **kwargs)
         if func is torch.Tensor.__setitem__:
@@ -375,12 +371,21 @@ class DeviceGuardless(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _fused_dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
-    """F.dropout as CUDA runs it (at::native::dropout takes native_dropout on a GPU for 0 < p < 1)."""
-    if not training or p <= 0.0 or p >= 1.0 or inplace:
-        with torch._C.DisableTorchFunction():
-            return torch.nn.functional.dropout(input, p, training, inplace)
-    return torch.native_dropout(input, p, True)[0]
+@contextmanager
+def cuda_dropout() -> Iterator[None]:
+    """F.dropout as CUDA runs it: at::native::dropout takes the fused native_dropout on a GPU (0 < p < 1),
+    which keeps a bool mask for backward; a CPU build keeps a float mask of the input's dtype (LoRA's
+    fp32 adapter input: 4 bytes an element, not 1). A patch, not a mode: activation checkpointing's
+    recomputation in backward runs outside the torch-function modes, and must draw the same mask."""
+    plain = torch.nn.functional.dropout
+
+    def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+        if not training or p <= 0.0 or p >= 1.0 or inplace:
+            return plain(input, p, training, inplace)
+        return torch.native_dropout(input, p, True)[0]
+
+    with mock.patch.object(torch.nn.functional, "dropout", dropout):
+        yield
 
 
 @contextmanager
@@ -597,6 +602,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
         stack.enter_context(reads)
         stack.enter_context(reads.objects())
         stack.enter_context(DeviceGuardless(reads))
+        stack.enter_context(cuda_dropout())
         stack.enter_context(ddp_on_fake())
         trainer = Trainer(cfg, Provided(device=cuda, task=task, load_model=fake_loader(directory, cuda),
                                         memory_check=False))

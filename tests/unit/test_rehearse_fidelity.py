@@ -62,3 +62,21 @@ def test_checkpoint_recomputations_are_freed_under_the_flop_counter():
     assert made.refs, "the backward recomputed no block: the test checks nothing"
     assert not alive, f"{len(alive)} of {len(made.refs)} tensors made in backward (recomputed activations) outlive it"
     assert flops.get_total_flops() > 0
+
+
+def test_dropout_keeps_a_bool_mask_as_on_a_gpu_and_recomputes_alike():
+    """A CPU build's dropout keeps a float mask of the input's dtype for backward; CUDA's fused
+    native_dropout keeps a bool one (a quarter of LoRA's fp32 adapter input). The rehearsal runs the
+    GPU's, also inside a checkpointed block's recomputation (which must draw a mask of the same dtype)."""
+    from ddrl.training.rehearse import cuda_dropout
+
+    saved: list[torch.dtype] = []
+    x = torch.randn(4, 16, requires_grad=True)
+    with cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t):
+        y = torch.nn.functional.dropout(x, 0.1, True)
+    assert torch.bool in saved and torch.float32 not in saved, saved
+    lin = nn.Linear(16, 16)
+    with cuda_dropout():
+        out = checkpoint(lambda h: lin(torch.nn.functional.dropout(h, 0.1, True)), x, use_reentrant=False)
+        out.sum().backward()  # a recomputation with a float mask would raise CheckpointError
+    assert x.grad is not None and y.shape == x.shape
