@@ -34,6 +34,10 @@ stopped by its time limit still leaves every finished number):
   memory    the measured peaks of the LoRA and offload steps against ddrl.training.memory's
             estimate of the same setting (held state + the update phase), as a ratio.
 
+With --rehearsal FILE (the rehearsal.json of `ddrl train configs/paper/diffu_grpo_llada8b.yaml --rehearse
+--world-size 1` with rehearsal_overrides(): the lora step's setting, rehearsed on fake tensors on any CPU)
+it prints the measured peak and step time beside the rehearsal's prediction (issue 33).
+
 A section whose ddrl code is not in this tree (dist.cpu_offload, ddrl.training.memory) is reported
 as "skipped: ..." and the others run. Every section builds what it needs inside its guard, the
 model included, so one failure (an import, out of memory) costs that section only.
@@ -716,6 +720,60 @@ def _first(full: dict[str, Any], key: str) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
+# The rehearsal's prediction of the same step (issue 33 item 6)
+# --------------------------------------------------------------------------------------------
+
+
+def rehearsal_overrides(wl: Workload) -> list[str]:
+    """The lora section's step as overrides of configs/paper/diffu_grpo_llada8b.yaml, for
+    `ddrl train configs/paper/diffu_grpo_llada8b.yaml --rehearse --world-size 1 OVERRIDES` (on any CPU):
+    its output_dir/rehearsal/rehearsal.json is what --rehearsal compares this GPU's step with."""
+    return [f"train.prompts_per_step={wl.prompts}", f"train.group_size={wl.group_size}",
+            f"train.micro_batch_size={wl.micro_batch}", f"rollout.gen_length={wl.gen_length}",
+            f"rollout.block_length={wl.block_length}", f"rollout.steps={wl.steps}",
+            f"rollout.max_prompt_length={wl.prompt_length}", "model.gradient_checkpointing=false",
+            "model.mixed_precision=bf16", f"model.lora.rank={wl.lora_rank}",
+            f"model.lora.target_modules=[{','.join(LORA_TARGETS)}]", "model.dtype=bfloat16", "dist.strategy=none",
+            "train.num_iterations=1"]
+
+
+def compare_with_rehearsal(measured: dict[str, Any], rehearsal: dict[str, Any]) -> dict[str, Any]:
+    """This GPU's update step (the lora section: peak_gb, step_s) beside the rehearsal's prediction
+    (rehearsal.json: MemTracker's peak of the whole step, the roofline time of its update). The peak
+    of a GPU adds the CUDA context and the allocator's fragmentation; the roofline has no launch
+    overhead and no collectives, so measured / predicted time is at least 1."""
+    peak, step = measured.get("peak_gb"), measured.get("step_s")
+    predicted_peak = rehearsal["peak_bytes"] / 1e9
+    predicted_update = rehearsal["update_s"]
+    return {"recipe": rehearsal.get("config"), "world_size": rehearsal.get("world_size"),
+            "layers": rehearsal.get("layers"), "measured_peak_gb": peak, "predicted_peak_gb": predicted_peak,
+            "predicted_rollout_peak_gb": rehearsal.get("rollout_peak_bytes", 0.0) / 1e9,
+            "peak_measured_over_predicted": None if peak is None else peak / predicted_peak,
+            "measured_step_s": step, "predicted_update_s": predicted_update,
+            "time_measured_over_predicted": None if step is None or not predicted_update else step / predicted_update}
+
+
+def comparison_lines(c: dict[str, Any]) -> list[str]:
+    """The comparison as the check prints it: measured and predicted side by side."""
+    return [f"rehearsal vs this GPU: {c['recipe']} ({c['layers']} layers, world size {c['world_size']})",
+            f"  peak memory   measured {_fmt(c['measured_peak_gb'])} GB   rehearsal {_fmt(c['predicted_peak_gb'])} GB"
+            f"   measured / rehearsal {_fmt(c['peak_measured_over_predicted'])}",
+            f"  update step   measured {_fmt(c['measured_step_s'])} s    rehearsal (roofline) "
+            f"{_fmt(c['predicted_update_s'])} s   measured / rehearsal {_fmt(c['time_measured_over_predicted'])}"]
+
+
+def rehearsal_comparison(report: Report, path: str) -> None:
+    """--rehearsal FILE: the comparison into the report and on stdout (nothing when lora did not run)."""
+    lora = report.data.get("lora", {})
+    if lora.get("status") != "ok":
+        report.data["rehearsal"] = {"status": f"skipped: the lora section did not finish ({lora.get('status')})"}
+        return
+    c = compare_with_rehearsal(lora, json.loads(Path(path).read_text()))
+    report.data["rehearsal"] = {"status": "ok", **c}
+    print("\n".join(comparison_lines(c)), flush=True)
+
+
+# --------------------------------------------------------------------------------------------
 # The run
 # --------------------------------------------------------------------------------------------
 
@@ -780,6 +838,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         report.data["stopped"] = "interrupted (time limit)"
         report.save()
         raise SystemExit(124)
+    if args.rehearsal:
+        rehearsal_comparison(report, args.rehearsal)
     report.data["finished"] = True
     report.save()
     print((Path(args.out) / "report.md").read_text())
@@ -832,6 +892,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, help="timed update steps")
     p.add_argument("--full-depths", type=int, nargs=2, help="the two reduced depths of the full fine-tuning step")
     p.add_argument("--matmul-n", type=int, help="side of the peak-rate matmul (default 8192; 256 with --tiny)")
+    p.add_argument("--rehearsal", default=None,
+                   help="a rehearsal.json of the lora section's step (ddrl train configs/paper/diffu_grpo_llada8b.yaml "
+                        "--rehearse --world-size 1 with rehearsal_overrides): printed beside the measured peak and time")
     args = p.parse_args(argv)
     if args.device is None:
         args.device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"

@@ -213,6 +213,12 @@ class ConcreteScore:
     released_steps: int = 128  # clean: the sampler's steps; π(z|y) is scaled by m(dt), dt = (1 - 1e-5) / steps
     neighbour_extras: bool = False  # also return per-neighbour log-scores and weights [B, K, V] (sepo clip="released")
 
+    @property
+    def copies_per_row(self) -> int:
+        """Copies of a row in one call's forward and backward graph (ddrl.training.memory's k):
+        one whole sequence per probed position."""
+        return self.num_positions
+
     def __post_init__(self) -> None:
         if self.states not in ("single", "trace", "clean"):
             raise ValueError(f"concrete_score: states must be 'single', 'trace' or 'clean', got {self.states!r}")

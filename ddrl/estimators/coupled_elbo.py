@@ -64,6 +64,12 @@ class CoupledELBO:
     passes: ClassVar[str] = "2*num_mc"
     needs_trajectory: ClassVar[bool] = False
 
+    @property
+    def copies_per_row(self) -> int:
+        """Copies of a row in one call's forward and backward graph (ddrl.training.memory's k):
+        a complementary pair per draw."""
+        return 2 * self.num_mc
+
     def scored_positions(self, batch: RolloutBatch) -> Tensor:
         """[B, L] bool: the positions the ELBO sums over."""
         real = batch.completion_mask.bool()

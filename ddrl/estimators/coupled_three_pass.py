@@ -66,6 +66,7 @@ class CoupledThreePass:
     paper: ClassVar[str] = "coupled-GRPO / DiffuCoder (Gong et al. 2025, arXiv 2506.20639)"
     formula: ClassVar[str] = "log pi(x^i) = 1/2[log p_full + 1[i in S] log p_S / t + 1[i notin S] log p_Sc / (1-t)]"
     passes: ClassVar[str] = "3"
+    copies_per_row: ClassVar[int] = 3  # copies of a row in one call's graph (memory's k)
     needs_trajectory: ClassVar[bool] = False
 
     def draw(self, batch: RolloutBatch, seed: int) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -51,6 +51,11 @@ class FPOElbo:
     passes: ClassVar[str] = "num_samples"
     needs_trajectory: ClassVar[bool] = False
 
+    @property
+    def copies_per_row(self) -> int:
+        """Copies of a row in one call's forward and backward graph (ddrl.training.memory's k)."""
+        return self.num_samples
+
     def eligible(self, batch: RolloutBatch, model=None) -> Tensor:
         """[B, L] bool: the positions a draw may mask (the completion, without its EOS if exclude_eos)."""
         real = batch.completion_mask.bool()

@@ -91,6 +91,7 @@ class MaskGRPOEstimator:
     paper: ClassVar[str] = "MaskGRPO (Ma et al. 2025, arXiv 2510.02880)"
     formula: ClassVar[str] = "ratio_k = min(g+(1-g)(k+1)/mu, .999); log p(x^i | AR-fading mask at ratio_k), masked i"
     passes: ClassVar[str] = "1"
+    copies_per_row: ClassVar[int] = 1  # copies of a row in one call's graph (memory's k)
     needs_trajectory: ClassVar[bool] = False
 
     def iteration(self, batch: RolloutBatch, seed: int) -> tuple[int, int]:

@@ -38,6 +38,7 @@ class MeanField:
     paper: ClassVar[str] = "d1 (Zhao et al. 2025, arXiv 2504.12216); wd1 (Tang et al. 2025, arXiv 2507.08838)"
     formula: ClassVar[str] = "log pi(x^i) = log p(x^i | prompt with 15% masked, completion all masked)"
     passes: ClassVar[str] = "1"
+    copies_per_row: ClassVar[int] = 1  # copies of a row in one call's graph (memory's k)
     needs_trajectory: ClassVar[bool] = False
 
     def __call__(self, model, batch: RolloutBatch, seed: int) -> EstimatorOutput:

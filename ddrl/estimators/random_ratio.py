@@ -54,6 +54,11 @@ class RandomRatio:
     row_selection: ClassVar[str] = "copy_rows"  # the extras key of a row chunk's rows (Method.row_chunks)
     rows_share_tokens: ClassVar[bool] = True  # a token is scored by several rows: chunks need a row loss
 
+    @property
+    def copies_per_row(self) -> int:
+        """Copies of a row in one call's forward and backward graph (ddrl.training.memory's k)."""
+        return self.copies
+
     def __call__(self, model, batch: RolloutBatch, seed: int) -> EstimatorOutput:
         if not 0.0 <= self.lower <= self.upper <= 1.0:
             raise ValueError(f"random_ratio needs 0 <= lower <= upper <= 1, got {self.lower}, {self.upper}")

@@ -67,6 +67,11 @@ class SPGBounds:
     needs_trajectory: ClassVar[bool] = False
     extras: ClassVar[tuple[str, ...]] = ("elbo", "eubo")  # what EstimatorOutput.extras holds
 
+    @property
+    def copies_per_row(self) -> int:
+        """Copies of a row in one call's forward and backward graph (ddrl.training.memory's k)."""
+        return self.num_t
+
     def draw_masks(self, batch: RolloutBatch, seed: int) -> tuple[Tensor | None, Tensor]:
         """Prompt masks [num_t, B, P] (or None) and completion masks [num_t, B, L] of the draws."""
         g = generator_from_seed(seed)

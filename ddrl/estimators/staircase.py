@@ -60,6 +60,12 @@ class Staircase:
     needs_trajectory: ClassVar[bool] = False
     extras: ClassVar[tuple[str, ...]] = ("elbo", "eubo")  # what EstimatorOutput.extras holds
 
+    @property
+    def copies_per_row(self) -> int:
+        """Copies of a row in one call's forward and backward graph (ddrl.training.memory's k):
+        a staircase row is twice the sequence's length."""
+        return 2 * self.num_t
+
     def __post_init__(self) -> None:
         if int(self.num_t) < 1:
             raise ValueError(f"staircase: num_t={self.num_t} must be >= 1 (masked draws per estimate)")

@@ -38,6 +38,11 @@ class Stratified:
     passes: ClassVar[str] = "num_strata"
     needs_trajectory: ClassVar[bool] = False
 
+    @property
+    def copies_per_row(self) -> int:
+        """Copies of a row in one call's forward and backward graph (ddrl.training.memory's k)."""
+        return self.num_strata
+
     def strata(self, batch: RolloutBatch, seed: int) -> Tensor:
         """Stratum id in {0..K-1} of each real completion position, -1 elsewhere. [B, L] long."""
         if self.num_strata < 1:

@@ -77,6 +77,7 @@ class Trace:
     paper: ClassVar[str] = "TraceRL (Wang et al. 2025, arXiv 2509.06949)"
     formula: ClassVar[str] = "log pi(x^i) = log p(x^i | rollout state where i was committed: order>=s masked)"
     passes: ClassVar[str] = "decoding steps / shrink"
+    copies_per_row: ClassVar[int] = 1  # per training state (memory's k): its rows are train.micro_batch_rows
     needs_trajectory: ClassVar[bool] = True
     trajectory_record: ClassVar[str] = COMMIT_ORDER  # reads commit_step only: no per-step token_probs
     row_selection: ClassVar[str] = "trace_states"  # the extras key of a row chunk's states (Method.row_chunks)

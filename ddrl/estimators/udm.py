@@ -69,6 +69,11 @@ class UDM:
     STATES: ClassVar[tuple[str, ...]] = ("grid", "levels")
     needs_trajectory: ClassVar[bool] = False
 
+    @property
+    def copies_per_row(self) -> int:
+        """Copies of a row in one call's forward and backward graph (ddrl.training.memory's k)."""
+        return len(self.t_values) if self.t_values else self.num_timesteps
+
     def __post_init__(self) -> None:
         # the naive ablations read the sampler's recorded states / predictions
         self.needs_trajectory = not (self.forward_process and self.clean_target)  # type: ignore[misc]

@@ -47,9 +47,16 @@ under model.mixed_precision=bf16, else b)):
                    (embeddings, head) in c, and one block's unsharded fp32 gradient before its
                    reduce-scatter; DDP / one process: the autocast cache P_t 2
                    + activations of one micro-batch, m rows x k copies x T tokens:
-                     gradient checkpointing: every block's input (L d c) + one block recomputed
-                     else every block's activations L (6d + 2 kv + 4f + x) c, SwiGLU, attention by SDPA
-                     (no T x T matrix)
+                     gradient checkpointing: every block's input (L d c) + one block recomputed (a)
+                     else every block's activations L a, SwiGLU, attention by SDPA (no T x T matrix):
+                       a = 2 d 4 (the two RMSNorms' float32 inputs) + (2 q + 2 kv + 3f + x) c (rotated
+                       queries and keys, values, the attention output; the gate's and up projection's
+                       outputs and the gate's SiLU) + under LoRA, per adapted linear, its input cast to
+                       c for the adapter (c per input element), its dropout's bool mask (1 per input
+                       element, dropout > 0) and the rank-r adapter's middle (r c). q = heads x
+                       head_dim. A frozen base linear keeps no input. Measured, not guessed: the
+                       rehearsal's tracker gives LLaDA-8B with d1's LoRA 23.6 units of T d c per block,
+                       this 23 (tests/unit/test_memory_model.py)
                      + the final hidden states T d c and one chunk of 2**24 logits (c + 12 bytes
                      each): log p(target) is computed chunk by chunk, no [T, V] logits
                      (ddrl.ops.logprobs)
@@ -61,10 +68,11 @@ rollout.batch_rows when that is fewer (the rollout in calls of that many rows); 
 tokens (the prompt: rollout.max_prompt_length, else 256), W = rollout.block_length, S_b = sampler
 steps per block, N = an image model's codebook (config.json codebook_size; URSA's lm_head_size), m =
 rows per micro-batch (train.micro_batch_size rounded down to whole groups, at least one group: the
-trainer's micro-batches are whole groups; else all of a rank's rows), k = the estimator's masked
-copies per row (copies, num_t, num_mc, num_samples, num_strata, num_timesteps or len(t_values): what
-its `passes` names; a coupled pair counts 2, coupled_three_pass 3, a staircase row of twice the
-length 2), batched in one forward and one backward graph (rows_per_call splits the forward only);
+trainer's micro-batches are whole groups; else all of a rank's rows), k = the copies of a row the
+estimator declares (`copies_per_row`: copies, num_t, num_samples, num_strata, num_timesteps or
+len(t_values); 2 num_mc for a coupled pair per draw, coupled_three_pass 3, a staircase row of twice
+the length 2 num_t, concrete_score one sequence per probed position), batched in one forward and one
+backward graph (rows_per_call splits the forward only);
 with train.micro_batch_rows (an estimator's own training rows: TraceRL's trace states, UniGRPO's
 (sample, copy) rows) m x k is micro_batch_rows.
 
@@ -94,6 +102,7 @@ from typing import Any
 GB = 1e9
 DEFAULT_PROMPT_TOKENS = 256  # a chat-formatted math/code prompt, when rollout.max_prompt_length is unset
 LOGPROB_CHUNK_ELEMENTS = 2**24  # ddrl.ops.logprobs.CHUNK_ELEMENTS: logits alive at once when scoring
+RMSNORM_BYTES = 4  # an RMSNorm normalises in float32 and keeps its float32 input for backward (LLaDA, Qwen)
 RECORDER_BYTES = 4  # a full trajectory record keeps float32 [B, W, V] per step of a block (DPS)
 METRIC_PATH_FP32_TENSORS = 3  # fp32 [R, W, N] tensors a metric_path sampler step holds at most (module doc)
 
@@ -206,6 +215,22 @@ class ModelShape:
         expert = (self.experts + self.shared_experts) * rank * (self.d_model + self.expert_ffn) * len(mlp)
         moe = sum(rank * sum(shapes[n]) for n in names if n not in mlp) + expert
         return (self.n_layers - self.moe_layers) * dense + self.moe_layers * moe
+
+    def lora_inputs(self, targets: list[str]) -> tuple[int, int]:
+        """(adapted linears, their summed input widths) one token runs through in the widest block: what
+        LoRA keeps for backward per token (module doc). In an MoE block gate/up/down_proj are the
+        token's K routed and the shared experts' (d, d and the expert width each)."""
+        shapes = self.linear_shapes()
+        if any(t.startswith("re:") for t in targets):
+            names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        else:
+            names = [n for n in shapes if any(t == n or t.endswith("." + n) for t in targets)]
+        if not self.moe_layers:
+            return len(names), sum(shapes[n][0] for n in names)
+        active = self.experts_per_token + self.shared_experts
+        mlp = {"gate_proj": self.d_model, "up_proj": self.d_model, "down_proj": self.expert_ffn}
+        widths = [active * mlp[n] if n in mlp else shapes[n][0] for n in names]
+        return len(names) + (active - 1) * sum(n in mlp for n in names), sum(widths)
 
 
 # Published config.json shapes of the models the paper recipes name with /path/to/... placeholders.
@@ -333,20 +358,15 @@ class Counts:
 
 
 def estimator_copies(method: Any) -> int:
-    """Masked copies of a row one estimator forward computes (module doc: k): the count its `passes`
-    names (copies, num_t, num_mc, num_samples, num_strata, num_timesteps or len(t_values)); a coupled
-    pair counts 2, coupled_three_pass 3, a staircase row (twice the length) 2."""
+    """Copies of a row one estimator call runs through the model in one forward and backward graph
+    (module doc: k), as the estimator declares it (`copies_per_row`)."""
     est = method.estimator
-    kind = type(est).__name__.lower()
-    if "threepass" in kind:
-        return 3
-    if getattr(est, "t_values", None):
-        return len(est.t_values)
-    for name in ("copies", "num_t", "num_mc", "num_samples", "num_strata", "num_timesteps"):
-        n = getattr(est, name, None)
-        if isinstance(n, int) and n > 0:
-            return n * (2 if ("coupled" in kind and name == "num_mc") or "staircase" in kind else 1)
-    return 1
+    copies = getattr(est, "copies_per_row", None)
+    if not isinstance(copies, int) or copies < 1:
+        raise ValueError(f"estimator {type(est).__name__} declares no copies_per_row (a positive int: the masked "
+                         f"copies of a row one call runs through the model); add it to its class, as "
+                         f"ddrl/estimators/*.py do")
+    return copies
 
 
 def estimate_memory(cfg: Any, shape: ModelShape, world_size: int, *, counts: Counts | None = None,
@@ -452,8 +472,8 @@ def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy
         size = t.micro_batch_size or per_rank
         rows = min(max(1, size // t.group_size) * t.group_size, per_rank) * estimator_copies(method)
     tokens = rows * T
-    d, kv, f, L = shape.d_model, shape.kv_dim, shape.active_ffn, shape.n_layers
-    block = tokens * (6 * d + 2 * kv + 4 * f + shape.dispatch_width) * c
+    d, L = shape.d_model, shape.n_layers
+    block = tokens * _block_saved_bytes(cfg, shape, c)
     terms = _compute_weights(strategy, shape, counts, c, bf16, whole=False)
     if cfg.model.gradient_checkpointing:
         terms["activations (checkpointed)"] = tokens * L * d * c + block
@@ -463,6 +483,17 @@ def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy
     chunk = min(LOGPROB_CHUNK_ELEMENTS, tokens * shape.vocab)
     terms["final hidden + one logits chunk"] = tokens * d * c + chunk * (c + 12)
     return terms
+
+
+def _block_saved_bytes(cfg: Any, shape: ModelShape, c: int) -> int:
+    """Bytes one block keeps for backward per token (module doc: activations)."""
+    q, kv, f = shape.q_dim, shape.kv_dim, shape.active_ffn
+    saved = RMSNORM_BYTES * 2 * shape.d_model + (2 * q + 2 * kv + 3 * f + shape.dispatch_width) * c
+    lora = cfg.model.lora
+    if lora.rank > 0:
+        linears, width = shape.lora_inputs(list(lora.target_modules or []))
+        saved += width * (c + (1 if lora.dropout > 0 else 0)) + linears * lora.rank * c
+    return saved
 
 
 def check_fits(estimate: MemoryEstimate, device_bytes: int | None) -> None:

@@ -376,6 +376,23 @@ class DeviceGuardless(torch.overrides.TorchFunctionMode):
 
 
 @contextmanager
+def cuda_dropout() -> Iterator[None]:
+    """F.dropout as CUDA runs it: at::native::dropout takes the fused native_dropout on a GPU (0 < p < 1),
+    which keeps a bool mask for backward; a CPU build keeps a float mask of the input's dtype (LoRA's
+    fp32 adapter input: 4 bytes an element, not 1). A patch, not a mode: activation checkpointing's
+    recomputation in backward runs outside the torch-function modes, and must draw the same mask."""
+    plain = torch.nn.functional.dropout
+
+    def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+        if not training or p <= 0.0 or p >= 1.0 or inplace:
+            return plain(input, p, training, inplace)
+        return torch.native_dropout(input, p, True)[0]
+
+    with mock.patch.object(torch.nn.functional, "dropout", dropout):
+        yield
+
+
+@contextmanager
 def ddp_on_fake() -> Iterator[None]:
     """DDP's constructor compares every rank's parameter shapes and broadcasts rank 0's weights through
     host reads of the data (dist._verify_params_across_processes), which fake tensors cannot give; in a
@@ -588,6 +605,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
         stack.enter_context(reads)
         stack.enter_context(reads.objects())
         stack.enter_context(DeviceGuardless(reads))
+        stack.enter_context(cuda_dropout())
         stack.enter_context(ddp_on_fake())
         trainer = Trainer(cfg, Provided(device=cuda, task=task, load_model=fake_loader(directory, cuda),
                                         memory_check=False))
@@ -772,10 +790,32 @@ def _memory_tracker(trainer: Any) -> Any:
     return tracker
 
 
+def _flop_counter() -> Any:
+    """FlopCounterMode counting the total only. Its ModuleTracker would hang a gradient hook on the
+    outputs of every module forward, the recomputations of activation checkpointing in backward
+    included, whose graphs are never run backward: the hooks and the graphs hold each other through
+    autograd's C++ nodes, out of the garbage collector's reach, so every checkpointed block's
+    recomputed activations stayed alive to the end of the step (a rehearsal with checkpointing
+    measured ~3x a step without it; on a GPU, which runs no flop counter, they are freed)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class NoModules:
+        parents = {"Global"}  # the one scope get_total_flops sums
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *args: Any) -> None:
+            return None
+
+    counter = FlopCounterMode(display=False)
+    counter.mod_tracker = NoModules()
+    return counter
+
+
 def _mark_phases(trainer: Any, est: Any, tracker: Any, device: torch.device, phases: dict[str, Any]) -> None:
     """Wrap the trainer's phase methods on this instance only, so that the roofline time and the
     tracker's peak are read at the phase boundaries of the trainer's own train_step."""
-    from torch.utils.flop_counter import FlopCounterMode
 
     def peak() -> float:
         return float(tracker.get_tracker_snapshot("peak").get(device, {}).get("Total", 0))
@@ -786,7 +826,7 @@ def _mark_phases(trainer: Any, est: Any, tracker: Any, device: torch.device, pha
     def timed(method: Any, name: str, count_flops: bool = False) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
             start = est.total_runtime
-            with FlopCounterMode(display=False) if count_flops else ExitStack() as flops:
+            with _flop_counter() if count_flops else ExitStack() as flops:
                 out = method(*args, **kwargs)
             phases[name] = phases.get(name, 0.0) + (est.total_runtime - start) / 1e3  # ms -> s
             if count_flops:

@@ -146,8 +146,10 @@ def test_llada2_mini_counts_every_expert_in_the_state_and_the_active_ones_in_act
     assert est.phases["update"]["gathered blocks + root"] == pytest.approx((2 * moe + root) * 2)  # whole MoE blocks
     # activations: the active width max((8 + 1) x 512, 5120), not 257 x 512, plus the dispatch 3 x 8 d + 4 E
     tokens = 2 * estimator_copies(build_method(full)) * (full.rollout.max_prompt_length + full.rollout.gen_length)
-    per_token = 6 * d + 2 * 512 + 4 * 5120 + 3 * 8 * d + 4 * 256
-    assert est.phases["update"]["activations"] == pytest.approx(20 * tokens * per_token * 2)
+    # per token and block: two float32 RMSNorm inputs, then in bf16 rotated q (16 x 128) and k, v (4 x 128), the
+    # attention output, the dense block's gate, SiLU and up outputs (3 x 5120), the dispatch
+    per_token = 2 * 4 * d + (2 * 2048 + 2 * 512 + 3 * 5120 + 3 * 8 * d + 4 * 256) * 2
+    assert est.phases["update"]["activations"] == pytest.approx(20 * tokens * per_token)
 
 
 def test_moe_shape_read_from_the_tiny_llada2_checkpoint_counts_its_parameters():
@@ -408,5 +410,46 @@ def test_update_counts_every_copy_an_estimator_batches_and_whole_group_micro_bat
 
     t2i = load_config(ROOT / "configs/paper/maskgrpo/t2i_mmada.yaml", ["model.gradient_checkpointing=false"], RLConfig)
     T, d, f = 256 + 1024, 4096, 12288
-    per_token = 32 * (6 * d + 2 * d + 4 * f) * 2  # every block's activations, bf16
+    # every block's: fp32 norm inputs, bf16 the rest, and its LoRA (q, k, v, up_proj at rank 128, dropout 0.05):
+    # each adapter's bf16 input and bool mask (3 bytes per input element) and rank-wide middle
+    per_token = 32 * (2 * 4 * d + (2 * d + 2 * d + 3 * f) * 2 + 4 * d * 3 + 4 * 128 * 2)
     assert estimate_memory(t2i, MMADA_8B, 8).phases["update"]["activations"] == 9 * T * per_token
+
+
+def test_lora_block_activations_match_the_rehearsal_tracker_of_llada_8b():
+    """What one LLaDA-8B block keeps for backward per token under d1's LoRA (q, k, v, up_proj; rank 128,
+    dropout 0.05) and bf16 autocast, counted from the rehearsal's MemTracker at 2 layers (issue 33; d1,
+    6 rows x 456 tokens, unit U = T d 2 bytes): RMSNorms' fp32 inputs 2 + 2 U, rotated q and k 2 U, v 1 U,
+    attention output 1 U, gate output, its SiLU and up output 3 + 3 + 3 U, each adapter's bf16 input and
+    bool dropout mask 1.5 U x 4: 23 U (the tracker's 23.6 adds the adapters' rank-wide middles and the
+    attention's log-sum-exp). The hand model's block term must be these bytes."""
+    from ddrl.training.memory import LLADA_8B, _block_saved_bytes
+
+    cfg = load_config(ROOT / "configs/paper/diffu_grpo_llada8b.yaml", [], RLConfig)
+    d = LLADA_8B.d_model
+    U = d * 2
+    adapters_middle = 4 * 128 * 2
+    assert _block_saved_bytes(cfg, LLADA_8B, 2) == 23 * U + adapters_middle
+    without_dropout = load_config(ROOT / "configs/paper/diffu_grpo_llada8b.yaml", ["model.lora.dropout=0"], RLConfig)
+    assert _block_saved_bytes(without_dropout, LLADA_8B, 2) == 23 * U - 4 * d + adapters_middle  # no masks
+
+
+def test_estimator_copies_are_what_the_estimator_declares():
+    """The memory model reads an estimator's copies_per_row, not its class name (issue 35)."""
+    from types import SimpleNamespace
+
+    from ddrl.training.memory import estimator_copies
+
+    class FiveCopies:
+        copies_per_row = 5
+
+    class Undeclared:
+        num_mc = 3  # a field the old name-guessing would have read
+
+    assert estimator_copies(SimpleNamespace(estimator=FiveCopies())) == 5
+    with pytest.raises(ValueError, match="copies_per_row"):
+        estimator_copies(SimpleNamespace(estimator=Undeclared()))
+    sepo = load_config(ROOT / "configs/paper/sepo_llada8b.yaml", [], RLConfig)
+    from ddrl.training.method import build_method
+
+    assert estimator_copies(build_method(sepo)) == 16  # concrete_score: one sequence per probed position
