@@ -98,9 +98,15 @@ class RandomRatio:
         masked = masked.to(real.device) | ~real  # post-EOS always masked
         C, B, L = masked.shape
         rows = batch.extras.get(self.row_selection)  # [B, C] bool: a row chunk's rows
-        chosen = torch.ones(C, B, dtype=torch.bool, device=real.device) if rows is None else rows.T.to(real.device).bool()
+        device = real.device
+        if rows is None:  # every (copy, sample) row, copy-major: all rows of copy 0 first, as one [C*B] batch
+            chosen = torch.ones(C, B, dtype=torch.bool, device=device)
+            c = torch.arange(C, device=device).repeat_interleave(B)  # [C*B], no host read
+            b = torch.arange(B, device=device).repeat(C)
+        else:  # a row chunk's rows, copy-major: their count is a host read (it sizes the forward)
+            chosen = rows.T.to(device).bool()  # [C, B]
+            c, b = chosen.nonzero(as_tuple=True)
         scored = masked & real & chosen[..., None]  # [C, B, L]
-        c, b = chosen.nonzero(as_tuple=True)  # copy-major: all rows of copy 0 first, as one [C*B] batch
         completion_in = torch.where(masked[c, b], model.mask_token_id, batch.completion_ids[b])  # [N, L]
         rows_lp = forward_logprobs(model, batch.prompt_ids[b], batch.prompt_mask[b], completion_in,
                                    batch.completion_ids[b], rows_per_call=self.rows_per_call)  # [N, L]
