@@ -2,6 +2,7 @@
 under DDP and FSDP2 (issue 34).
 
     OMP_NUM_THREADS=1 python bench/world_size.py                          # 8 processes, every text method
+                                                                          # (+ per-group masks of 3 estimators)
     OMP_NUM_THREADS=1 python bench/world_size.py --processes 2 --methods stable_drl grpo --strategies fsdp
 
 Each method's configs/rl/<method>_mini_sudoku.yaml on the shipped checkpoints/mini_sudoku-masked
@@ -39,8 +40,13 @@ from tests.integration.test_minibatch_ranks import killed_by_abort  # noqa: E402
 
 METHODS = ("grpo", "wd1", "spg", "espo", "tracerl", "unigrpo", "coupled_grpo", "maskgrpo", "stable_drl", "gdsd",
            "gdsd_tlc", "daca_grpo", "dipod", "fpo", "sepo")
+# Per-group masks (an estimator's mask_per_group option): each group's masks from its step-global index.
+PER_GROUP = ["method.estimator_args.mask_per_group=true"]
+VARIANTS = {"unigrpo_per_group": "unigrpo", "espo_per_group": "espo", "spg_per_group": "spg"}  # -> its config
 # An estimator's own training rows cut into micro-batches (train.micro_batch_rows), as their recipes do.
-METHOD_ARGS = {"tracerl": ["train.micro_batch_rows=8"], "unigrpo": ["train.micro_batch_rows=5"]}
+METHOD_ARGS = {"tracerl": ["train.micro_batch_rows=8"], "unigrpo": ["train.micro_batch_rows=5"],
+               "unigrpo_per_group": ["train.micro_batch_rows=5", *PER_GROUP], "espo_per_group": PER_GROUP,
+               "spg_per_group": PER_GROUP}
 STRATEGIES = {"ddp": ["dist.strategy=ddp"], "fsdp": ["dist.strategy=fsdp"],
               # FSDP2's CPUOffloadPolicy: the clip's norm over gradients in host memory
               "fsdp_offload": ["dist.strategy=fsdp", "dist.cpu_offload=true"]}
@@ -69,8 +75,8 @@ def train_run(method: str, processes: int, strategy: str, out: Path, model_dir: 
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
-    command = [sys.executable, *launcher, "-m", "ddrl", "train", str(ROOT / f"configs/rl/{method}_mini_sudoku.yaml"),
-               *args]
+    config = ROOT / f"configs/rl/{VARIANTS.get(method, method)}_mini_sudoku.yaml"
+    command = [sys.executable, *launcher, "-m", "ddrl", "train", str(config), *args]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if processes > 1 and killed_by_abort(done):  # a gloo transport failure, not a bug: relaunch once
@@ -107,7 +113,7 @@ def compare(one: Path, many: Path, initial: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=8)
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--methods", nargs="+", default=[*METHODS, *VARIANTS], choices=[*METHODS, *VARIANTS])
     ap.add_argument("--strategies", nargs="+", default=["ddp", "fsdp"], choices=sorted(STRATEGIES))
     ap.add_argument("--model", type=Path, default=ROOT / "checkpoints/mini_sudoku-masked")
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/world_size.json")

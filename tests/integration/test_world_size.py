@@ -29,7 +29,8 @@ from tests.integration.test_distributed import max_diff, weights
 TASK = "tests.integration.test_distributed:dense_mini_sudoku"
 CASES = [("stable_drl", "ddp"), ("stable_drl", "fsdp"), ("stable_drl", "fsdp_offload"),  # fresh masks
          ("grpo", "ddp"), ("grpo", "fsdp"),  # a KL to the reference, ratios and clipping
-         ("tracerl", "fsdp")]  # trace-state rows cut into micro-batches: train_rows
+         ("tracerl", "fsdp"),  # trace-state rows cut into micro-batches: train_rows
+         ("espo_per_group", "ddp")]  # masks keyed by the step-global group (coupled_elbo's mask_per_group)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,8 @@ def test_two_processes_train_and_log_like_one(method, strategy, bench, one_proce
     assert result["weights_moved"] > 1e-4, "the 1-process run did not move: test is void"
     assert result["clipped"], "no step clipped: the clip path is untested"
     expected = {"stable_drl": {"loss", "ratio_mean", "clip_frac"}, "grpo": {"loss", "kl", "ratio_mean", "clip_frac"},
-                "tracerl": {"loss", "ratio_mean", "clip_frac", "train_rows"}}[method]
+                "tracerl": {"loss", "ratio_mean", "clip_frac", "train_rows"},
+                "espo_per_group": {"loss", "ratio_mean", "clip_frac"}}[method]
     rollout = {"reward/mean", "reward/std", "completion/length", "advantage/abs_mean", "rollout/forward_tokens"}
     assert expected | rollout <= set(result["metrics"]), result["metrics"]
     assert result["ok"], result
