@@ -200,7 +200,7 @@ def training_rows(batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutpu
         return logp, old_logp, new.extras[COPY_MASK].bool() & valid
     if TRACE_STEP in new.extras:
         step = new.extras[TRACE_STEP]  # [B, L] long, -1 = unscored
-        S = int(step.max()) + 1 if step.numel() else 0  # the one host read: S sizes the rows (-1 = none: 0)
+        S = int(step.max()) + 1 if step.numel() else 0  # a host read: S sizes the [S, B, L] rows (all -1: 0)
         rows = (step[None] == torch.arange(S, device=step.device)[:, None, None]) & valid  # [S, B, L]
         token_logps(new, "current")  # raises when the estimator gave no token log-probs
         logp = _logps(new.token_logp)  # [B, L]
