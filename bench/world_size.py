@@ -2,6 +2,7 @@
 under DDP and FSDP2 (issue 34).
 
     OMP_NUM_THREADS=1 python bench/world_size.py                          # 8 processes, every text method
+                                                                          # (+ per-group masks of 3 estimators)
     OMP_NUM_THREADS=1 python bench/world_size.py --processes 2 --methods stable_drl grpo --strategies fsdp
 
 Each method's configs/rl/<method>_mini_sudoku.yaml on the shipped checkpoints/mini_sudoku-masked
@@ -11,7 +12,8 @@ only pad it), one group per micro-batch (train.micro_batch_size = G: every estim
 per micro-batch from the step's seed, StableDRL's fresh ones from the micro-batch's global group, so
 equal micro-batches make every draw independent of the split), train.max_grad_norm small enough to
 clip. Compared with one process: the weights after the step, the optimizer-step count, the
-pre-clip gradient norm and the logged loss, kl, ratio_mean, clip_frac and train_rows. Prints a
+pre-clip gradient norm, the logged loss, kl, ratio_mean, clip_frac and train_rows, and the rollout's
+reward mean and std, invalid fraction, completion length, |advantage|, tokens fed and kept fractions. Prints a
 table and writes bench/results/world_size.json. tests/integration/test_world_size.py runs the same
 comparison at 2 processes on a tiny model in `make test`.
 """
@@ -38,12 +40,20 @@ from tests.integration.test_minibatch_ranks import killed_by_abort  # noqa: E402
 
 METHODS = ("grpo", "wd1", "spg", "espo", "tracerl", "unigrpo", "coupled_grpo", "maskgrpo", "stable_drl", "gdsd",
            "gdsd_tlc", "daca_grpo", "dipod", "fpo", "sepo")
+# Per-group masks (an estimator's mask_per_group option): each group's masks from its step-global index.
+PER_GROUP = ["method.estimator_args.mask_per_group=true"]
+VARIANTS = {"unigrpo_per_group": "unigrpo", "espo_per_group": "espo", "spg_per_group": "spg"}  # -> its config
 # An estimator's own training rows cut into micro-batches (train.micro_batch_rows), as their recipes do.
-METHOD_ARGS = {"tracerl": ["train.micro_batch_rows=8"], "unigrpo": ["train.micro_batch_rows=5"]}
+METHOD_ARGS = {"tracerl": ["train.micro_batch_rows=8"], "unigrpo": ["train.micro_batch_rows=5"],
+               "unigrpo_per_group": ["train.micro_batch_rows=5", *PER_GROUP], "espo_per_group": PER_GROUP,
+               "spg_per_group": PER_GROUP}
 STRATEGIES = {"ddp": ["dist.strategy=ddp"], "fsdp": ["dist.strategy=fsdp"],
               # FSDP2's CPUOffloadPolicy: the clip's norm over gradients in host memory
               "fsdp_offload": ["dist.strategy=fsdp", "dist.cpu_offload=true"]}
-METRICS = ("loss", "kl", "ratio_mean", "clip_frac", "train_rows", "grad_norm")
+METRICS = ("loss", "kl", "ratio_mean", "clip_frac", "train_rows", "grad_norm",
+           # the rollout's statistics of rows (RowSums): a mean of rank means and a mean of rank stds before
+           "reward/mean", "reward/std", "reward/invalid_frac", "completion/length", "advantage/abs_mean",
+           "rollout/forward_tokens", "update/rows_frac", "update/groups_kept_frac")
 MAX_GRAD_NORM = 1e-3  # below every method's gradient norm here: every optimizer step clips
 WEIGHT_TOL, METRIC_REL = 1e-5, 1e-4
 
@@ -65,8 +75,8 @@ def train_run(method: str, processes: int, strategy: str, out: Path, model_dir: 
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
-    command = [sys.executable, *launcher, "-m", "ddrl", "train", str(ROOT / f"configs/rl/{method}_mini_sudoku.yaml"),
-               *args]
+    config = ROOT / f"configs/rl/{VARIANTS.get(method, method)}_mini_sudoku.yaml"
+    command = [sys.executable, *launcher, "-m", "ddrl", "train", str(config), *args]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if processes > 1 and killed_by_abort(done):  # a gloo transport failure, not a bug: relaunch once
@@ -103,7 +113,7 @@ def compare(one: Path, many: Path, initial: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=8)
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--methods", nargs="+", default=[*METHODS, *VARIANTS], choices=[*METHODS, *VARIANTS])
     ap.add_argument("--strategies", nargs="+", default=["ddp", "fsdp"], choices=sorted(STRATEGIES))
     ap.add_argument("--model", type=Path, default=ROOT / "checkpoints/mini_sudoku-masked")
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/world_size.json")

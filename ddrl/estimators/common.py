@@ -8,6 +8,13 @@ and the global RNG is never touched. The draws depend on the seed *and on the ro
 same seed on a different micro-batch split gives different masks, so callers must compute old, ref
 and current log-probs with the same split (the trainer does).
 
+Per-group masks. By default every micro-batch draws from the step's seed alone, as the released
+trainers do (d1, SPG, ESPO, dLLM-RL): with train.micro_batch_size = G every group of a step gets
+the same masks, so the mask noise does not average out over the groups. An estimator with
+`mask_per_group: true` draws each group's masks from its own seed, (seed, the group's index among
+the step's global groups) (`per_group_draws`): groups get different masks, and a group's masks do not
+depend on the micro-batch split or the number of processes.
+
 Batching. Estimators that need several noised copies of the batch stack them along the batch axis
 ([C, B, L] -> [C*B, L]) and run ONE forward call (`rows_per_call` splits it when memory is short;
 the number of passes an estimator reports counts copies, not calls). The calls' results are
@@ -22,6 +29,9 @@ in forward or backward; `scored` restricts the head work to the positions a call
 
 from __future__ import annotations
 
+import hashlib
+from typing import Any, Callable
+
 import torch
 from torch import Tensor
 
@@ -33,6 +43,35 @@ from ddrl.types import RolloutBatch
 def generator_from_seed(seed: int | Tensor) -> torch.Generator:
     """A fresh CPU generator seeded with `seed` (an int or a 0-d tensor such as batch.mask_seeds[k])."""
     return torch.Generator(device="cpu").manual_seed(int(seed))
+
+
+def group_seed(seed: int, group: int) -> int:
+    """The mask seed of one group: a 62-bit hash of (seed, group), the same on every process."""
+    digest = hashlib.blake2b(repr((int(seed), "group", int(group))).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 62) - 1)
+
+
+def mask_groups(batch: RolloutBatch) -> list[int]:
+    """The key of each group of the batch, in row order: the trainer's step-global group indices
+    (extras["groups"], set by its update planner), else the batch's own group ids (one host read; a
+    caller outside the trainer, whose ids are then its keys). A group's rows are consecutive."""
+    groups = batch.extras.get("groups")
+    if groups is not None:
+        return list(groups)
+    return torch.unique_consecutive(batch.group_ids).tolist()
+
+
+def per_group_draws(draw: Callable[[RolloutBatch, int], Any], batch: RolloutBatch, seed: int) -> Any:
+    """draw(sub-batch, seed) for each group with the group's own seed (group_seed), joined along the
+    rows: draw returns a tensor [C, b, ...] or a tuple of them (None stays None), rows on dim 1."""
+    groups = mask_groups(batch)
+    size = len(batch) // max(1, len(groups))  # rows per group (micro-batches hold whole groups)
+    if size * len(groups) != len(batch):
+        raise ValueError(f"mask_per_group needs whole groups of equal size: {len(batch)} rows, {len(groups)} groups")
+    parts = [draw(batch.index(slice(i * size, (i + 1) * size)), group_seed(seed, g)) for i, g in enumerate(groups)]
+    if not isinstance(parts[0], tuple):
+        return torch.cat(parts, dim=1)
+    return tuple(None if ps[0] is None else torch.cat(ps, dim=1) for ps in zip(*parts))
 
 
 def uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.device | str) -> Tensor:

@@ -39,13 +39,15 @@ tests inject their masks).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from ddrl.estimators.common import generator_from_seed, noised_forward, random_subset_mask, stratified_counts
+from ddrl.estimators.common import (generator_from_seed, noised_forward, per_group_draws, random_subset_mask,
+                                    stratified_counts)
 from ddrl.registry import ESTIMATORS
 from ddrl.types import EstimatorOutput, RolloutBatch
 
@@ -57,6 +59,7 @@ class CoupledELBO:
     weighted: bool = True  # ESPO's 1/p and 1/(L/(L+1)-p) ELBO weights; False = GDSD's plain denoise log-prob
     include_padding: bool = True  # score all L positions incl. post-EOS fill with L = padded length (ESPO/GDSD)
     rows_per_call: int | None = None  # at most this many sequences per forward call (memory); None = one call
+    mask_per_group: bool = False  # each group's masks (and strata) from its own seed; False = ESPO's / GDSD's
 
     name: ClassVar[str] = "coupled_elbo"
     paper: ClassVar[str] = "ESPO (Ou et al. 2025, arXiv 2512.03759); GDSD (Tang et al. 2026, arXiv 2605.29398)"
@@ -77,6 +80,9 @@ class CoupledELBO:
 
     def draw_masks(self, batch: RolloutBatch, seed: int) -> Tensor:
         """The first-pass masks S of the num_mc draws, [num_mc, B, L] bool."""
+        if self.mask_per_group:  # the counts are then stratified within each group
+            return per_group_draws(dataclasses.replace(self, mask_per_group=False).draw_masks,
+                                   batch, seed)
         g = generator_from_seed(seed)
         eligible = self.scored_positions(batch)
         lengths = eligible.long().sum(1)  # [B]

@@ -26,13 +26,14 @@ its own copies only, which is why micro_batch_rows needs a row aggregation (ddrl
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from ddrl.estimators.common import forward_logprobs, generator_from_seed, masked_mean, uniform
+from ddrl.estimators.common import forward_logprobs, generator_from_seed, masked_mean, per_group_draws, uniform
 from ddrl.registry import ESTIMATORS
 from ddrl.types import EstimatorOutput, RolloutBatch
 
@@ -45,6 +46,7 @@ class RandomRatio:
     copies: int = 1  # masked copies per sequence (dLLM-RL mask_times_per_sample), batched in one call
     # (train.micro_batch_rows: at most that many (sample, copy) rows per forward and backward)
     rows_per_call: int | None = None  # at most this many sequences per forward call (memory); None = one call
+    mask_per_group: bool = False  # each group's masks from its own seed (ddrl.estimators.common); False = dLLM-RL's
 
     name: ClassVar[str] = "random_ratio"
     paper: ClassVar[str] = "UniGRPO / MMaDA (Yang et al. 2025, arXiv 2505.15809)"
@@ -62,14 +64,20 @@ class RandomRatio:
     def __call__(self, model, batch: RolloutBatch, seed: int) -> EstimatorOutput:
         if not 0.0 <= self.lower <= self.upper <= 1.0:
             raise ValueError(f"random_ratio needs 0 <= lower <= upper <= 1, got {self.lower}, {self.upper}")
+        t, masked = self.draw_masks(batch, seed)
+        out = self.score(model, batch, masked)
+        out.extras["t"] = t[..., 0].mean(0)
+        return out
+
+    def draw_masks(self, batch: RolloutBatch, seed: int) -> tuple[Tensor, Tensor]:
+        """The copies' ratios t [C, B, 1] and masks [C, B, L] bool (True = masked), before post-EOS."""
+        if self.mask_per_group:
+            return per_group_draws(dataclasses.replace(self, mask_per_group=False).draw_masks, batch, seed)
         g = generator_from_seed(seed)
         C, (B, L) = self.copies, batch.completion_ids.shape
         device = batch.completion_ids.device
         t = self.lower + (self.upper - self.lower) * uniform((C, B, 1), g, device)  # [C, B, 1]
-        masked = uniform((C, B, L), g, device) < t  # [C, B, L]
-        out = self.score(model, batch, masked)
-        out.extras["t"] = t[..., 0].mean(0)
-        return out
+        return t, uniform((C, B, L), g, device) < t
 
     def row_table(self, batch: RolloutBatch) -> Tensor:
         """[B, C] bool: the (sample, copy) training rows, those of samples with a valid reward."""
@@ -103,9 +111,15 @@ class RandomRatio:
         masked = masked.to(real.device) | ~real  # post-EOS always masked
         C, B, L = masked.shape
         rows = batch.extras.get(self.row_selection)  # [B, C] bool: a row chunk's rows
-        chosen = torch.ones(C, B, dtype=torch.bool, device=real.device) if rows is None else rows.T.to(real.device).bool()
+        device = real.device
+        if rows is None:  # every (copy, sample) row, copy-major: all rows of copy 0 first, as one [C*B] batch
+            chosen = torch.ones(C, B, dtype=torch.bool, device=device)
+            c = torch.arange(C, device=device).repeat_interleave(B)  # [C*B], no host read
+            b = torch.arange(B, device=device).repeat(C)
+        else:  # a row chunk's rows, copy-major: their count is a host read (it sizes the forward)
+            chosen = rows.T.to(device).bool()  # [C, B]
+            c, b = chosen.nonzero(as_tuple=True)
         scored = masked & real & chosen[..., None]  # [C, B, L]
-        c, b = chosen.nonzero(as_tuple=True)  # copy-major: all rows of copy 0 first, as one [C*B] batch
         completion_in = torch.where(masked[c, b], model.mask_token_id, batch.completion_ids[b])  # [N, L]
         rows_lp = forward_logprobs(model, batch.prompt_ids[b], batch.prompt_mask[b], completion_in,
                                    batch.completion_ids[b], rows_per_call=self.rows_per_call)  # [N, L]

@@ -36,6 +36,7 @@ Checked against the released code (tests/unit/test_golden_spg.py): with SPG's ow
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -43,8 +44,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ddrl.estimators.common import (completion_lengths, generator_from_seed, masked_mean, noised_forward, positions,
-                                    prompt_noise, random_subset_mask, uniform)
+from ddrl.estimators.common import (completion_lengths, generator_from_seed, masked_mean, noised_forward,
+                                    per_group_draws, positions, prompt_noise, random_subset_mask, uniform)
 from ddrl.registry import ESTIMATORS
 from ddrl.types import EstimatorOutput, RolloutBatch
 
@@ -59,6 +60,7 @@ class SPGBounds:
     p_mask_prompt: float = 0.15  # prob. of masking each position the block mask leaves clean (prompt, earlier blocks)
     beta_eubo: float = 1.5  # Renyi order beta of the EUBO (SPG: 1.5 GSM8K/MATH, 1.0 Sudoku, 2.0 Countdown)
     rows_per_call: int | None = None  # at most this many sequences per forward call (memory); None = one call
+    mask_per_group: bool = False  # each group's masks from its own seed (ddrl.estimators.common); False = SPG's
 
     name: ClassVar[str] = "spg"
     paper: ClassVar[str] = "SPG (Wang et al. 2025, arXiv 2510.09541); StableDRL (Zhong et al. 2026, arXiv 2603.06743)"
@@ -74,6 +76,8 @@ class SPGBounds:
 
     def draw_masks(self, batch: RolloutBatch, seed: int) -> tuple[Tensor | None, Tensor]:
         """Prompt masks [num_t, B, P] (or None) and completion masks [num_t, B, L] of the draws."""
+        if self.mask_per_group:
+            return per_group_draws(dataclasses.replace(self, mask_per_group=False).draw_masks, batch, seed)
         g = generator_from_seed(seed)
         C, (B, L) = self.num_t, batch.completion_ids.shape
         device = batch.completion_ids.device

@@ -53,17 +53,18 @@ from ddrl.types import COMMIT_ORDER, EstimatorOutput, RolloutBatch
 def merged_steps(commit_step: Tensor, shrink: int) -> Tensor:
     """Each token's training step: the dense rank of its commit step within its row, // shrink.
 
-    commit_step [B, L] long (-1 = no information) -> [B, L] long (-1 kept).
+    commit_step [B, L] long (-1 = no information) -> [B, L] long (-1 kept). The ranks come from a sort
+    of each row (a step's rank = how many distinct valid steps come before it), not from a table
+    sized by the largest step, whose size would be a host read.
     """
     if shrink < 1:
         raise ValueError(f"shrink must be >= 1, got {shrink}")
     valid = commit_step >= 0
-    S = int(commit_step.max().item()) + 1 if valid.any() else 1
-    steps = commit_step.clamp(min=0)
-    present = torch.zeros(commit_step.shape[0], S, dtype=torch.long, device=commit_step.device)
-    present.scatter_add_(1, steps, valid.long())  # [B, S] tokens committed at step s
-    dense = present.clamp(max=1).cumsum(1) - 1  # [B, S] rank of step s among the row's used steps
-    rank = dense.gather(1, steps)  # [B, L]
+    steps, where = commit_step.sort(dim=1)  # [B, L] ascending: the -1s first
+    new = torch.ones_like(valid)
+    new[:, 1:] = steps[:, 1:] != steps[:, :-1]  # [B, L] the first token of each distinct step
+    dense_sorted = (new & (steps >= 0)).long().cumsum(1) - 1  # [B, L] rank of each sorted token's step
+    rank = torch.empty_like(dense_sorted).scatter_(1, where, dense_sorted)  # [B, L] back in token order
     return torch.where(valid, rank // shrink, -1)
 
 
@@ -88,7 +89,7 @@ class Trace:
             raise ValueError("the trace estimator needs batch.trajectory (sample with return_trajectory=True)")
         order = merged_steps(batch.trajectory.commit_step.to(batch.completion_ids.device), self.shrink)  # [B, L]
         scored = (order >= 0) & batch.completion_mask.bool()
-        num_states = int(order.max().item()) + 1 if (order >= 0).any() else 0
+        num_states = int(order.max()) + 1 if order.numel() else 0  # a host read: S sizes the [S, B, L] masks
         s = torch.arange(num_states, device=order.device)[:, None, None]  # [S, 1, 1]
         masks = (order[None] >= s) | (order[None] < 0)  # [S, B, L]
         targets = (order[None] == s) & scored[None]  # [S, B, L]
@@ -101,13 +102,16 @@ class Trace:
             keep = keep & chosen
             targets = targets & keep[..., None]
         scored = targets.any(0)  # [B, L] the tokens some kept state scores
-        rows = torch.arange(order.shape[0], device=order.device).expand(num_states, -1)[keep]  # [N]
-        return rows, masks[keep], targets[keep], torch.where(scored, order, -1)
+        B, L = order.shape
+        kept = keep.reshape(-1).nonzero().squeeze(1)  # [N] (state, sample) pairs, state-major: the row count's read
+        rows = kept % B  # [N]
+        return (rows, masks.reshape(-1, L).index_select(0, kept), targets.reshape(-1, L).index_select(0, kept),
+                torch.where(scored, order, -1))
 
     def row_table(self, batch: RolloutBatch) -> Tensor:
         """[B, S] bool: which (sample, state) pairs are training rows (a target, a valid reward)."""
         _, _, _, order = self.states(batch)
-        S = int(order.max().item()) + 1 if (order >= 0).any() else 0
+        S = int(order.max()) + 1 if order.numel() else 0
         table = (order[:, None, :] == torch.arange(S, device=order.device)[None, :, None]).any(-1)  # [B, S]
         return table & batch.reward_valid[:, None]
 

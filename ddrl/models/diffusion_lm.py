@@ -378,7 +378,7 @@ class DiffusionLM(nn.Module):
     def _head_logprobs(self, hidden: Tensor, ids: Tensor, class_range: tuple[int, int] | None) -> Tensor:
         """hidden [..., D] at scored positions, ids [...] -> log p(ids) [...] through the backbone's head."""
         base = base_model(self.model)
-        linear = None if self.logprob_backend == "torch" else head_linear(self.model)
+        linear = head_linear(self.model)  # Liger's kernel takes it; the torch path slices a class range's rows
         return target_logprobs(hidden, ids, base.lm_head, vocab=self.vocab_size,
                                suppressed=self.suppressed_vocab(self.vocab_size, hidden.device),
                                class_range=class_range, chunk=self.logprob_chunk, backend=self.logprob_backend,

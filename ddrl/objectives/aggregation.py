@@ -156,16 +156,15 @@ TOKEN_REDUCTIONS = {
 def group_softmax(logits: Tensor, group_ids: Tensor, mask: Tensor | None = None) -> Tensor:
     """Softmax of logits [B] within each group of rows sharing a group id; rows outside mask get 0.
 
-    Needs every member of a group in this call (micro-batches cut on group boundaries).
-    """
+    Needs every member of a group in this call (micro-batches cut on group boundaries). The groups
+    are a [B, B] same-group table, not a table sized by the number of groups: that size would be a
+    host read of the group ids (torch.unique), and a micro-batch holds few rows."""
     if mask is None:
         mask = torch.ones_like(logits, dtype=torch.bool)
-    _, index = torch.unique(group_ids, return_inverse=True)  # [B] dense group index
-    n = int(index.max()) + 1 if index.numel() else 0
-    neg_inf = torch.full((n,), float("-inf"), dtype=logits.dtype, device=logits.device)
-    filled = torch.where(mask, logits, torch.full_like(logits, float("-inf")))
-    group_max = neg_inf.scatter_reduce(0, index, filled, reduce="amax", include_self=True)
+    same = group_ids[:, None] == group_ids[None, :]  # [B, B] rows b and b' share a group
+    filled = torch.where(mask, logits, torch.full_like(logits, float("-inf")))  # [B]
+    group_max = torch.where(same, filled[None, :], float("-inf")).amax(1)  # [B] the max of b's group
     shift = torch.where(torch.isfinite(group_max), group_max, torch.zeros_like(group_max))
-    e = torch.where(mask, torch.exp(filled - shift[index]), torch.zeros_like(logits))
-    total = torch.zeros(n, dtype=logits.dtype, device=logits.device).index_add(0, index, e)
-    return e / total[index].clamp(min=torch.finfo(logits.dtype).tiny)
+    e = torch.where(mask, torch.exp(filled - shift), torch.zeros_like(logits))  # [B]
+    total = torch.where(same, e[None, :], 0.0).sum(1)  # [B] the sum over b's group
+    return e / total.clamp(min=torch.finfo(logits.dtype).tiny)

@@ -141,7 +141,7 @@ class TokenPPO(Objective):
         loss = per_row.sum() / R
         ratio = torch.exp(log_ratio.detach())
         stats = {"clip_frac": masked_stat(clipped.float(), rows), "ratio_mean": masked_stat(ratio, rows),
-                 "ratio_max": masked_stat(ratio, rows, "max"), "train_rows": torch.tensor(float(rows.any(-1).sum()))}
+                 "ratio_max": masked_stat(ratio, rows, "max"), "train_rows": rows.any(-1).sum().float()}
         if self.beta > 0:
             per_token_kl = kl(logp, old_logp, self.kl_estimator)  # [U, B, L]
             kl_rows = masked(per_token_kl, rows).sum(-1)  # [U, B]
@@ -162,9 +162,8 @@ class TokenPPO(Objective):
         skips it; one row per sample for other estimators), and for trace states this micro-batch's
         own rows, which is only the global count when the micro-batch is the whole step (checked).
         """
-        local = float(rows.any(-1).sum())
         if self.aggregation == "row_token_mean_local":
-            return local
+            return float(rows.any(-1).sum())
         if counts.rows is not None:
             return float(counts.rows)
         if TRACE_STEP not in new.extras:  # masked copies (or one row per sample): U rows per valid sequence
@@ -174,7 +173,7 @@ class TokenPPO(Objective):
                              f"which a micro-batch cannot know: pass AggregationCounts(rows=Trace.count_rows("
                              f"step_batch) summed over processes) (the trainer does), or use "
                              f"aggregation=row_token_mean_local")
-        return local
+        return float(rows.any(-1).sum())
 
 
 COPY_LOGP, COPY_MASK, TRACE_STEP = "copy_token_logp", "copy_mask", "trace_step"
@@ -201,7 +200,7 @@ def training_rows(batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutpu
         return logp, old_logp, new.extras[COPY_MASK].bool() & valid
     if TRACE_STEP in new.extras:
         step = new.extras[TRACE_STEP]  # [B, L] long, -1 = unscored
-        S = int(step.max()) + 1 if (step >= 0).any() else 0
+        S = int(step.max()) + 1 if step.numel() else 0  # a host read: S sizes the [S, B, L] rows (all -1: 0)
         rows = (step[None] == torch.arange(S, device=step.device)[:, None, None]) & valid  # [S, B, L]
         logp = _logps(token_logps(new, "current"))  # [B, L]; raises when the estimator gave no token log-probs
         old_logp = logp.detach() if old is None else _logps(token_logps(old, "old")).detach()

@@ -15,7 +15,10 @@ and computes the log-probabilities in pieces of at most `chunk` positions:
   The cross-entropy is `TargetLogSoftmax`, an autograd Function that keeps only the logits and the
   log-normaliser and writes its gradient into one buffer; the gradient through the head is
   autograd's own (weight, bias, tied embeddings, a LoRA adapter on the head, FSDP2's unsharded
-  parameters, autocast), so nothing family-specific is differentiated by hand.
+  parameters, autocast), so nothing family-specific is differentiated by hand. A `class_range`
+  (a, b) with the head as one affine map (`linear`) multiplies by the weight's rows [a, b) only
+  (`range_head`), as the Liger path and the samplers' `range_logits` do; a head that is not one
+  (a LoRA adapter on it) runs whole and is sliced.
 * **Liger (CUDA).** liger-kernel's fused linear cross-entropy (`backend="auto"` on CUDA when it is
   installed and the head is one affine map, `HeadLinear`; `backend="liger"` forces it). Only
   liger-kernel >= 0.8.2 is used: before it, reduction="none" returned gradients scaled by the first
@@ -71,8 +74,12 @@ class TargetRequest:
     class_range: tuple[int, int] | None = None  # softmax over vocabulary ids [a, b) only; ids are then in [a, b)
 
     def score(self, logits: Tensor) -> Tensor:
-        """The same numbers from logits the caller already has: [B, K, V] -> [B, K]."""
-        lp = token_logprobs(restrict(logits, self.class_range), shift(self.ids, self.class_range))
+        """The same numbers from logits the caller already has: [B, K, V] -> [B, K]. A backbone
+        without a fused head gives [B, K, V] logits in its own dtype: TargetLogSoftmax widens them to
+        float32 a piece at a time, not as one float32 copy (and one saved log-softmax) of the whole."""
+        classes = restrict(logits, self.class_range)  # [B, K, V']
+        ids = shift(self.ids, self.class_range)
+        lp = TargetLogSoftmax.apply(classes.reshape(-1, classes.shape[-1]), ids.reshape(-1), None).view(ids.shape)
         if self.mask is None:
             return lp
         return torch.where(self.mask, lp, torch.zeros((), dtype=lp.dtype, device=lp.device))
@@ -128,7 +135,25 @@ def target_logprobs(hidden: Tensor, targets: Tensor, head: Callable[[Tensor], Te
         return torch.zeros(targets.shape, dtype=_score_dtype(hidden.dtype), device=hidden.device)
     if use_liger(backend, hidden, linear):
         return _liger_logprobs(hidden, targets, linear, suppressed, class_range)  # type: ignore[arg-type]
+    if class_range is not None and linear is not None:  # the head's rows [a, b) only, as Liger's path does
+        a, b = class_range
+        return _chunked_logprobs(hidden, targets - a, range_head(linear, a, b),
+                                 None if suppressed is None else suppressed[a:b], None, chunk)
     return _chunked_logprobs(hidden, targets, head, suppressed, class_range, chunk)
+
+
+def range_head(linear: HeadLinear, lo: int, hi: int) -> Callable[[Tensor], Tensor]:
+    """hidden [..., D] -> the head's logits of ids [lo, hi) only, [..., hi - lo]: a view of the
+    weight's rows, so a class range (MMaDA's 8,192 image codes of ~134k ids) costs (hi - lo) / V of
+    the head's matmul. Each logit is the same dot product and scale as the whole head's."""
+    weight = linear.weight[lo:hi]  # [hi - lo, D]
+    bias = None if linear.bias is None else linear.bias[lo:hi]
+    scale = linear.scale
+
+    def head(hidden: Tensor) -> Tensor:
+        logits = F.linear(hidden, weight, bias)
+        return logits if scale is None else logits * scale
+    return head
 
 
 def _chunked_logprobs(hidden: Tensor, targets: Tensor, head: Callable[[Tensor], Tensor], suppressed: Tensor | None,
@@ -172,31 +197,51 @@ class TargetLogSoftmax(torch.autograd.Function):
     stays), with the `suppressed` ids' logits replaced by SUPPRESSED_LOGIT first.
 
     The same value as F.cross_entropy's, with less memory: it saves the logits and the
-    log-normaliser [M] only, and backward builds the gradient, g * (onehot(target) - softmax), in
-    one float32 buffer (autograd's log_softmax + nll_loss keep their output and build two more).
-    Suppressed logits are constants: their gradient is 0.
+    log-normaliser [M] only, and widens the logits to float32 CHUNK_ELEMENTS at a time, in forward
+    and in backward, whose gradient, g * (onehot(target) - softmax), is written piece by piece into
+    one buffer of the logits' dtype (autograd's float32 copy + log_softmax + nll_loss keep a float32
+    [M, V] output and build more). Suppressed logits are constants: their gradient is 0.
     """
 
     @staticmethod
     def forward(ctx: Any, logits: Tensor, targets: Tensor, suppressed: Tensor | None) -> Tensor:
-        wide = logits.to(_score_dtype(logits.dtype))
-        if suppressed is not None:
-            wide = wide.masked_fill(suppressed, SUPPRESSED_LOGIT)
-        lse = torch.logsumexp(wide, dim=-1)  # [M]
+        dtype = _score_dtype(logits.dtype)
+        lse = torch.empty(logits.shape[0], dtype=dtype, device=logits.device)  # [M]
+        out = torch.empty_like(lse)
+        for rows in _row_pieces(logits):
+            wide = logits[rows].to(dtype)  # [m, V]: a copy unless the logits are already float32/64
+            if suppressed is not None:
+                wide = wide.masked_fill(suppressed, SUPPRESSED_LOGIT)
+            lse[rows] = torch.logsumexp(wide, dim=-1)
+            out[rows] = wide.gather(-1, targets[rows, None]).squeeze(-1) - lse[rows]
         ctx.save_for_backward(logits, targets, lse, suppressed)
-        return wide.gather(-1, targets[:, None]).squeeze(-1) - lse
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         logits, targets, lse, suppressed = ctx.saved_tensors
-        dz = logits.to(_score_dtype(logits.dtype), copy=True)  # [M, V], the one buffer
-        if suppressed is not None:
-            dz.masked_fill_(suppressed, SUPPRESSED_LOGIT)
-        dz.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # -g * softmax
-        dz.scatter_add_(-1, targets[:, None], grad[:, None].to(dz.dtype))  # + g at the target
-        if suppressed is not None:
-            dz.masked_fill_(suppressed, 0.0)
-        return dz.to(logits.dtype), None, None
+        dtype = lse.dtype
+        out = torch.empty_like(logits)  # [M, V] the one buffer, in the logits' dtype
+        for rows in _row_pieces(logits):
+            dz = out[rows] if logits.dtype == dtype else torch.empty(out[rows].shape, dtype=dtype, device=out.device)
+            dz.copy_(logits[rows])  # [m, V]
+            if suppressed is not None:
+                dz.masked_fill_(suppressed, SUPPRESSED_LOGIT)
+            g = grad[rows].to(dtype)
+            dz.sub_(lse[rows, None]).exp_().mul_(-g[:, None])  # -g * softmax
+            dz.scatter_add_(-1, targets[rows, None], g[:, None])  # + g at the target
+            if suppressed is not None:
+                dz.masked_fill_(suppressed, 0.0)
+            if dz.data_ptr() != out[rows].data_ptr():
+                out[rows] = dz
+        return out, None, None
+
+
+def _row_pieces(logits: Tensor) -> list[slice]:
+    """Row slices of [M, V] holding at most CHUNK_ELEMENTS logits each (at least one row)."""
+    M, V = logits.shape
+    step = max(1, CHUNK_ELEMENTS // max(1, V))
+    return [slice(lo, lo + step) for lo in range(0, M, step)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -124,7 +124,7 @@ def disable_dropout(model: torch.nn.Module) -> None:
                 setattr(module, name, 0.0)
 
 
-def nanmean(values: list[Any]) -> float:
-    """Mean of the finite values (None and NaN left out); NaN when there are none."""
+def finite_sum_count(values: list[Any]) -> tuple[float, float]:
+    """(sum, count) of the finite values (None and NaN left out): a mean that can be summed over ranks."""
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    return sum(xs) / len(xs) if xs else float("nan")
+    return sum(xs), float(len(xs))

@@ -9,8 +9,9 @@ gloo on CPU), give each rank whole prompt groups (so group advantages need no ga
 DDP or FSDP2 (torch.distributed.fsdp.fully_shard) reduce gradients. Each rank's loss is scaled by
 world_size before backward, so that the engines' gradient *average* equals the gradient of the
 global loss (see objectives/aggregation.py). Logged metrics mean the same at any world size: the
-update's statistics are summed with their counts over ranks, then divided (`StepSums`); the rest
-(rollout means over equal shares of rows, replicated values) is averaged over ranks.
+update's statistics are summed with their counts over ranks, then divided (`StepSums`), and so are
+the rollout's per-row statistics (`RowSums`: reward mean and std, lengths, fractions); only values
+every rank holds alike (the sampler's call count, timings) are averaged over ranks.
 
 Mixed precision (model.mixed_precision=bf16 over fp32 parameters): under FSDP2 every fully_shard gets
 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): shards, gradients and AdamW state stay fp32,
@@ -374,9 +375,24 @@ class StepSums:
     count: torch.Tensor | None = None  # [U] float: real micro-batches of each optimizer step on this rank
 
 
+@dataclass
+class RowSums:
+    """A statistic of rows (rollouts, groups) as sums over this rank's rows, reduced over ranks before
+    it is divided, so that it is the 1-process value at any world size (a mean of rank means is not:
+    ranks with fewer valid rewards weigh more, and a std of each rank's rows is not the std of all).
+
+        count given, squares None    the global mean  Σx / n            (NaN when n = 0)
+        count given, squares given   the sample std   sqrt((Σx² - (Σx)²/n) / (n - 1))   (0 when n < 2)
+        count None                   the global sum   Σx                (e.g. tokens fed by all ranks)"""
+
+    total: Any  # 0-d tensor or float: Σ x over this rank's rows
+    count: Any = None  # 0-d tensor or float: n, this rank's rows
+    squares: Any = None  # 0-d tensor or float: Σ x² (the metric is then the std)
+
+
 def reduce_mean_dict(stats: dict[str, Any], info: DistInfo, device: torch.device) -> dict[str, float]:
-    """Python floats of every metric over all ranks: StepSums reduced as sums and counts, then divided;
-    floats and 0-d tensors averaged over the ranks that logged them (a key one rank lacks, e.g. a
+    """Python floats of every metric over all ranks: StepSums and RowSums reduced as sums and counts,
+    then divided; floats and 0-d tensors averaged over the ranks that logged them (a key one rank lacks, e.g. a
     metric of a method option, must not desynchronise the collective). Values may live on the device:
     they are stacked into one table, reduced with one all_reduce and copied to the host once."""
     local = {k: _layout(v) for k, v in stats.items()}  # key -> (kind, entries)
@@ -409,7 +425,9 @@ def reduce_mean_dict(stats: dict[str, Any], info: DistInfo, device: torch.device
 
 def _layout(value: Any) -> tuple[str, int]:
     """(kind, table rows) of a metric: ("mean", 1) for a float or 0-d tensor; ("ratio" or "sum", U)
-    for StepSums of U optimizer steps."""
+    for StepSums of U optimizer steps; ("rows_mean", 1), ("rows_std", 2) or ("sum", 1) for RowSums."""
+    if isinstance(value, RowSums):
+        return ("sum", 1) if value.count is None else ("rows_mean", 1) if value.squares is None else ("rows_std", 2)
     if isinstance(value, StepSums):
         return ("sum" if value.count is None else "ratio", int(value.total.numel()))
     return ("mean", 1)
@@ -421,6 +439,10 @@ def _table_rows(value: Any, kind: str, n: int, device: torch.device) -> torch.Te
         return torch.zeros(n, 2, dtype=torch.float64, device=device)
     if kind == "mean":
         return torch.stack([_as_tensor(value, device), torch.ones((), dtype=torch.float64, device=device)])[None]
+    if isinstance(value, RowSums):  # (Σx, n) and, for a std, (Σx², n)
+        count = _as_tensor(0.0 if value.count is None else value.count, device)
+        sums = [value.total] + ([] if value.squares is None else [value.squares])
+        return torch.stack([torch.stack([_as_tensor(v, device), count]) for v in sums])
     total = value.total.detach().reshape(-1).to(device=device, dtype=torch.float64)
     count = torch.zeros_like(total) if value.count is None else value.count.reshape(-1).to(device=device,
                                                                                            dtype=torch.float64)
@@ -434,6 +456,12 @@ def _finish(kind: str, rows: list[list[float]]) -> float:
         return value / present
     if kind == "sum":
         return sum(total for total, _ in rows) / len(rows)
+    if kind == "rows_mean":
+        total, n = rows[0]
+        return total / n if n else float("nan")
+    if kind == "rows_std":
+        (total, n), (squares, _) = rows
+        return math.sqrt(max(squares - total * total / n, 0.0) / (n - 1)) if n > 1 else 0.0
     return sum(total / count if count else 0.0 for total, count in rows) / len(rows)
 
 

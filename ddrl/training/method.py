@@ -89,6 +89,12 @@ class Method:
         carries no gradient and may be left out of the update."""
         return self.objective.advantage_weighted and self.objective.kl_weight == 0.0 and not self.terms
 
+    @property
+    def masks_per_group(self) -> bool:
+        """The estimator draws each group's masks from the group's own seed (its mask_per_group
+        option): the planner names each micro-batch's step-global groups (extras["groups"])."""
+        return bool(getattr(self.estimator, "mask_per_group", False))  # an optional estimator option
+
     def mask_seed_iteration(self, k: int) -> int:
         """The inner iteration whose mask seed iteration k uses."""
         return 0 if self.reuse_masks else k

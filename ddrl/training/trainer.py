@@ -51,11 +51,11 @@ from ddrl.sampling.base import sample_in_chunks
 from ddrl.sampling.checks import check_sampler, resolve_sampler, speed_settings
 from ddrl.training import checkpoint as ckpt
 from ddrl.training.common import (Clock, build_optimizer, build_scheduler, derive_seed, disable_dropout,
-                                  make_generator, nanmean, pick_device)
-from ddrl.training.distributed import (DistInfo, ModelHandle, StepSums, all_reduce_sum, barrier, check_whole_groups,
-                                       compute_context, copy_parameters, device_memory, gathered_parameters,
-                                       gradient_sync, init_distributed, reduce_mean_dict, reshard, resolve_strategy,
-                                       shard_model, wrap_model, zero_loss)
+                                  finite_sum_count, make_generator, pick_device)
+from ddrl.training.distributed import (DistInfo, ModelHandle, RowSums, StepSums, all_reduce_sum, barrier,
+                                       check_whole_groups, compute_context, copy_parameters, device_memory,
+                                       gathered_parameters, gradient_sync, init_distributed, reduce_mean_dict, reshard,
+                                       resolve_strategy, shard_model, wrap_model, zero_loss)
 from ddrl.training.evaluation import TrainingEvaluation
 from ddrl.training.logging import MetricsLogger, RunLog, eval_settings, plot_reward_curve, step_line
 from ddrl.training.memory import check_memory
@@ -372,8 +372,8 @@ class Trainer:
         timings["step"] = sum(timings.values())
         metrics = self._rollout_metrics(batch)
         learned = 0 if plan is None else plan.rows
-        metrics["update/rows_frac"] = learned / max(len(batch), 1)
-        metrics["update/groups_kept_frac"] = kept.reward_valid.sum() / batch.reward_valid.sum().clamp(min=1)
+        metrics["update/rows_frac"] = RowSums(float(learned), float(len(batch)))
+        metrics["update/groups_kept_frac"] = RowSums(kept.reward_valid.sum(), batch.reward_valid.sum())
         metrics.update(stats)
         metrics["reward/all_invalid"] = float(dead)
         metrics.update({f"time/{k}": v for k, v in timings.items()})
@@ -445,7 +445,7 @@ class Trainer:
         # "drop": excluded from the group, no loss; "zero": a reward of 0 like any other (d1, wd1)
         batch.rewards[invalid] = 0.0 if self.method.advantage.invalid == "zero" else float("nan")
         if scored.parts:
-            batch.extras["reward_parts"] = {k: nanmean(v) for k, v in scored.parts.items()}
+            batch.extras["reward_parts"] = {k: finite_sum_count(v) for k, v in scored.parts.items()}  # RowSums' (Σx, n)
 
     def _no_valid_reward(self, batch: RolloutBatch) -> bool:
         """Whether the reward gave None/NaN for every completion of the step, on every rank (a
@@ -602,24 +602,25 @@ class Trainer:
         return int(batch.mask_seeds[self.method.mask_seed_iteration(k)])
 
     def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, Any]:
-        """Device tensors (and floats): reduce_mean_dict copies them to the host once per step."""
+        """Device tensors (and floats) of this rank's rollouts; reduce_mean_dict copies them to the host
+        once per step. Statistics of rows are sums and counts (RowSums), reduced over ranks and then
+        divided: the 1-process values at any world size (the sampler's call count is every rank's own)."""
         r = batch.rewards
         valid = ~batch.extras.get("reward_invalid", ~torch.isfinite(r))
-        n_valid = valid.sum()
-        mean = torch.where(valid, r, 0.0).sum() / n_valid  # NaN when no reward is valid
-        var = torch.where(valid, (r - mean) ** 2, 0.0).sum() / (n_valid - 1).clamp(min=1)
+        valid_r = torch.where(valid, r, 0.0)
+        rows = float(len(batch))
         m: dict[str, Any] = {
-            "reward/mean": mean,
-            "reward/std": torch.where(n_valid > 1, var.sqrt(), 0.0),
-            "reward/invalid_frac": 1 - valid.float().mean(),
-            "completion/length": batch.completion_mask.float().sum(1).mean(),
+            "reward/mean": RowSums(valid_r.sum(), valid.sum()),  # NaN when no reward is valid
+            "reward/std": RowSums(valid_r.sum(), valid.sum(), squares=(valid_r * valid_r).sum()),
+            "reward/invalid_frac": RowSums((~valid).sum(), rows),
+            "completion/length": RowSums(batch.completion_mask.sum(), rows),
             "rollout/model_calls": float(batch.extras.get("nfe", 0)),
-            "rollout/forward_tokens": float(batch.extras.get("forward_tokens") or 0),
-            "rollout/truncated_prompts": float(batch.extras.get("truncated_prompts", 0)),
-            "advantage/abs_mean": batch.advantages.abs().mean(),
+            "rollout/forward_tokens": RowSums(float(batch.extras.get("forward_tokens") or 0)),  # summed over ranks
+            "rollout/truncated_prompts": float(batch.extras.get("truncated_prompts", 0)),  # of the whole step's prompts
+            "advantage/abs_mean": RowSums(batch.advantages.abs().sum(), rows),
         }
-        for name, v in batch.extras.get("reward_parts", {}).items():
-            m[f"reward/{name}"] = v
+        for name, (total, n) in batch.extras.get("reward_parts", {}).items():
+            m[f"reward/{name}"] = RowSums(total, n)
         return m
 
     # ------------------------------------------------------------------ checkpoints

@@ -8,8 +8,9 @@
     counts     each share's loss normalisers, summed over ranks, so the gradient is the 1-process one
     padding    zero-weight micro-batches up to the largest count of any rank, so that every rank runs
                the same passes and collectives
-    groups     with fresh masks (StableDRL), each micro-batch's first group as a step-global index
-               (extras["group"]): the trainer seeds the masks from it, not from the rank
+    groups     with fresh masks (StableDRL) or per-group masks (an estimator's mask_per_group), each
+               micro-batch's groups as step-global indices (extras["groups"], the first also as
+               extras["group"]): masks are seeded from them, not from the rank
 
 The trainer runs the plan (ddrl.training.trainer); nothing here computes a loss.
 """
@@ -84,7 +85,7 @@ class UpdatePlanner:
                                             rows=trace_rows if self.method.has_rows else None))
         if not micro:
             return None
-        if self.method.fresh_masks:
+        if self.method.fresh_masks or self.method.masks_per_group:
             self._tag_groups(micro)
         return UpdatePlan(micro, counts, rows)
 
@@ -175,15 +176,21 @@ class UpdatePlanner:
                             dtype=torch.float64, device=self.device)
 
     def _tag_groups(self, micro: list[list[RolloutBatch]]) -> None:
-        """extras["group"] of every micro-batch: its first group's index among the step's global groups
-        (rank * groups per rank + its group id on the rank). The trainer draws fresh masks from
-        (seed, step, iteration, pass, group), so a group gets the same masks on 1 or N processes; a
-        seed mixed with the rank changed StableDRL's updates with the GPU count. One host read a step."""
+        """extras["groups"] of every micro-batch: its groups' indices among the step's global groups
+        (rank * groups per rank + the group id on the rank), in row order; extras["group"] the first.
+        The trainer draws fresh masks from (seed, step, iteration, pass, first group) and a
+        mask_per_group estimator each group's from (seed, group), so a group gets the same masks on 1
+        or N processes; a seed mixed with the rank changed StableDRL's updates with the GPU count.
+        One host read a step."""
         pieces = [mb for share in micro for mb in share]
-        first = torch.cat([mb.group_ids[:1] for mb in pieces]).tolist()  # every micro-batch has a row
+        ids = torch.cat([mb.group_ids for mb in pieces]).tolist()  # every micro-batch has a row
         offset = self.dist.rank * (self.train.prompts_per_step // self.dist.world_size)
-        for mb, group in zip(pieces, first):
-            mb.extras["group"] = offset + int(group)
+        at = 0
+        for mb in pieces:
+            rows, at = ids[at:at + len(mb)], at + len(mb)
+            groups = [g for i, g in enumerate(rows) if i == 0 or g != rows[i - 1]]  # a group's rows are consecutive
+            mb.extras["groups"] = [offset + int(g) for g in groups]
+            mb.extras["group"] = mb.extras["groups"][0]
 
     def _padding(self, batch: RolloutBatch) -> RolloutBatch:
         """A zero-weight micro-batch: the rank's first micro-batch of the whole rollout, its rewards

@@ -5,7 +5,8 @@ process, under DDP, FSDP2 and FSDP2 with dist.cpu_offload, through bench/world_s
 One RL step, mu = 2 x 2 minibatch shares of the step's 4 global groups, so that each share lies on
 one rank and the other rank only pads it, one group per micro-batch, every step clipped. Compared
 with one process: weights, optimizer-step count, pre-clip gradient norm, and the logged loss, kl,
-ratio_mean, clip_frac and train_rows. Before, StableDRL's fresh masks were seeded with the rank (its
+ratio_mean, clip_frac and train_rows, and the rollout's reward mean and std, completion length,
+|advantage| and tokens fed (before: means of the ranks' means and stds, and each rank's own tokens). Before, StableDRL's fresh masks were seeded with the rank (its
 weights differed), the loss was logged as a mean of the ranks' partial losses (halved here), and the
 statistics as a mean of rank means over all optimizer steps, the steps a rank only padded counted
 as 0 (halved too).
@@ -28,7 +29,8 @@ from tests.integration.test_distributed import max_diff, weights
 TASK = "tests.integration.test_distributed:dense_mini_sudoku"
 CASES = [("stable_drl", "ddp"), ("stable_drl", "fsdp"), ("stable_drl", "fsdp_offload"),  # fresh masks
          ("grpo", "ddp"), ("grpo", "fsdp"),  # a KL to the reference, ratios and clipping
-         ("tracerl", "fsdp")]  # trace-state rows cut into micro-batches: train_rows
+         ("tracerl", "fsdp"),  # trace-state rows cut into micro-batches: train_rows
+         ("espo_per_group", "ddp")]  # masks keyed by the step-global group (coupled_elbo's mask_per_group)
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +58,10 @@ def test_two_processes_train_and_log_like_one(method, strategy, bench, one_proce
     assert result["weights_moved"] > 1e-4, "the 1-process run did not move: test is void"
     assert result["clipped"], "no step clipped: the clip path is untested"
     expected = {"stable_drl": {"loss", "ratio_mean", "clip_frac"}, "grpo": {"loss", "kl", "ratio_mean", "clip_frac"},
-                "tracerl": {"loss", "ratio_mean", "clip_frac", "train_rows"}}[method]
-    assert expected <= set(result["metrics"]), result["metrics"]
+                "tracerl": {"loss", "ratio_mean", "clip_frac", "train_rows"},
+                "espo_per_group": {"loss", "ratio_mean", "clip_frac"}}[method]
+    rollout = {"reward/mean", "reward/std", "completion/length", "advantage/abs_mean", "rollout/forward_tokens"}
+    assert expected | rollout <= set(result["metrics"]), result["metrics"]
     assert result["ok"], result
 
 

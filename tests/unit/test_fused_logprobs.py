@@ -435,3 +435,62 @@ def test_the_estimator_memory_bench_runs_at_tiny_size(capsys):
     rows = bench.main(["--estimator", "--tiny", "--estimators", "mean_field"])
     assert [(r["path"], r["rows"]) for r in rows] == [("old", 2), ("new", 2)]
     assert all(r["peak_MB"] > 0 for r in rows) and "| mean_field | 2,000 | 2 |" in capsys.readouterr().out
+
+
+def test_the_torch_path_runs_only_a_class_ranges_rows_of_the_head():
+    """class_range (a, b) on the torch path: the head's matmul covers the range's b - a rows of the
+    weight, not the vocabulary (MMaDA scores 8,192 image codes of ~134k ids), forward and backward,
+    and the log-probs and gradients are the full head's sliced ones."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    g = torch.Generator().manual_seed(3)
+    head = nn.Linear(D, V, dtype=torch.float64)
+    a, b = 5, 13
+    h = torch.randn(2, 4, D, dtype=torch.float64, generator=g, requires_grad=True)
+    t = torch.randint(a, b, (2, 4), generator=g)
+    linear = HeadLinear(head.weight, head.bias, 0.5)
+    fn = lambda x: head(x) * 0.5  # noqa: E731  (the head HeadLinear describes)
+    flops = {}
+    for name, lin in (("range", linear), ("full", None)):
+        with FlopCounterMode(display=False) as count:
+            lp = target_logprobs(h, t, fn, vocab=V, class_range=(a, b), backend="torch", linear=lin)
+            lp.sum().backward()
+        flops[name] = (count.get_total_flops(), lp.detach(), h.grad.clone(), head.weight.grad.clone())
+        h.grad = head.weight.grad = head.bias.grad = None
+    matmul = 2 * h.shape[0] * h.shape[1] * D  # flops per head row and forward matmul
+    # forward, recomputed forward, and the two backward matmuls: 4 head matmuls over b - a rows
+    assert flops["range"][0] == 4 * matmul * (b - a)
+    assert flops["full"][0] == 4 * matmul * V  # the full head: what the range saves
+    for got, want in zip(flops["range"][1:], flops["full"][1:]):
+        exact(got, want)
+    ref = reference(h.detach(), t, head.weight.detach(), head.bias.detach(), scale=0.5, class_range=(a, b))
+    exact(flops["range"][1], ref)
+
+
+def test_scored_logits_are_widened_piece_by_piece(monkeypatch):
+    """TargetRequest.score on bfloat16 logits (a backbone without a fused head): never a float32 copy
+    of all of them, the values the float32 cross-entropy of the whole gives, and the same gradient."""
+    from ddrl.ops.logprobs import TargetRequest
+
+    monkeypatch.setattr(ops, "CHUNK_ELEMENTS", 2 * V)  # two positions' logits per piece
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 4, V, generator=g).to(torch.bfloat16).requires_grad_()
+    ids = torch.randint(0, V, (3, 4), generator=g)
+    widest = []
+
+    class Widest(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.dtype == torch.float32 and out.dim() == 2:
+                widest.append(out.numel())
+            return out
+
+    with Widest():
+        lp = TargetRequest(ids).score(logits)
+        lp.sum().backward()
+    assert max(widest) <= 2 * V  # float32 [m, V] pieces of two positions only
+    want = logits.detach().float().requires_grad_()
+    ref = -F.cross_entropy(want.reshape(-1, V), ids.reshape(-1), reduction="none").view(3, 4)
+    ref.sum().backward()
+    torch.testing.assert_close(lp, ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(logits.grad.float(), want.grad.to(torch.bfloat16).float())

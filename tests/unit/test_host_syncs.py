@@ -19,12 +19,14 @@ What is pinned:
   * a method's estimate, loss and backward on a micro-batch (the update's inner step): none for the
     PPO/ELBO family (masked_stat's statistics are masked sums, not boolean selections; the
     stratified counts of ESPO/DACA keep the lengths on the device; the ratio-noise seed is read only
-    when noise is asked for); the group softmax of StableDRL and wd1 still reads its group count
-    (ddrl.objectives.aggregation), pinned here so that a new read fails.
+    when noise is asked for; the group softmax of StableDRL and wd1 uses a same-group table; UniGRPO's
+    copies are indexed without a nonzero), and TraceRL's four data-dependent sizes (METHOD_READS),
+    pinned here so that a new read fails.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -40,7 +42,7 @@ from ddrl.estimators.common import forward_logprobs, stratified_counts
 from ddrl.objectives import AggregationCounts
 from ddrl.objectives.base import masked_stat
 from ddrl.registry import ESTIMATORS, OBJECTIVES
-from ddrl.types import RolloutBatch
+from ddrl.types import RolloutBatch, Trajectory
 from ddrl.ops.logprobs import target_logprobs
 from ddrl.sampling.masked import sample_masked
 
@@ -176,10 +178,14 @@ def test_out_of_range_ids_are_still_refused(native, monkeypatch):
         native(bad)
 
 
-# The group softmax (ddrl.objectives.aggregation.group_softmax) sizes its table from the group ids.
-GROUP_COUNT = ["_unique2", "_local_scalar_dense"]
+# Pinned reads of an update's inner step (estimate, loss, backward). The group softmax of StableDRL
+# and wd1 reads nothing (a same-group table, not torch.unique's group count), nor do UniGRPO's masked
+# copies when every row is computed. TraceRL's are the data-dependent sizes: the number of states S
+# (it sizes the [S, B, L] state masks), the (state, sample) rows to run (nonzero), the scored positions
+# the LM head computes (nonzero, ddrl.models.diffusion_lm), and the objective's S for its rows.
+TRACE_READS = ["_local_scalar_dense", "nonzero", "nonzero", "_local_scalar_dense"]
 METHOD_READS = {"grpo": [], "espo": [], "daca_grpo": [], "spg": [], "coupled_grpo": [], "gdsd": [], "fpo": [],
-                "stable_drl": GROUP_COUNT, "wd1": GROUP_COUNT * 2}
+                "stable_drl": [], "wd1": [], "unigrpo": [], "tracerl": TRACE_READS}
 
 
 @pytest.mark.parametrize("objective", sorted(METHOD_READS))
@@ -188,11 +194,14 @@ def test_a_methods_estimate_loss_and_backward_read_only_what_is_pinned(native, o
     estimator = ESTIMATORS.get(method.default_estimator)(**method.default_estimator_args)
     ids, mask = prompts(native)
     completion = torch.randint(0, 100, (2, 6), generator=torch.Generator().manual_seed(0))
+    commit = torch.tensor([[0, 0, 2, 3, -1, -1], [1, 0, 1, 5, 4, 4]])  # TraceRL's decoding order
     batch = RolloutBatch(prompt_ids=ids, prompt_mask=mask, completion_ids=completion,
                          completion_mask=torch.tensor([[1, 1, 1, 1, 0, 0], [1] * 6], dtype=torch.bool),
                          group_ids=torch.zeros(2, dtype=torch.long), rewards=torch.tensor([1.0, 0.0]),
-                         advantages=torch.tensor([0.5, -0.5]), mask_seeds=torch.tensor([3]))
-    counts = AggregationCounts.from_batch(batch, 1)  # the planner's, once a step
+                         advantages=torch.tensor([0.5, -0.5]), mask_seeds=torch.tensor([3]),
+                         trajectory=Trajectory(commit, None) if method.default_estimator == "trace" else None)
+    rows = float(estimator.count_rows(batch)) if hasattr(estimator, "count_rows") else None
+    counts = dataclasses.replace(AggregationCounts.from_batch(batch, 1), rows=rows)  # the planner's, once a step
     method.prepare(batch)
     with torch.no_grad():
         old = estimator(native, batch, 7)
