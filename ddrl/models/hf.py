@@ -110,6 +110,15 @@ class HFDiffusionLM(DiffusionLM):
     def attention(self) -> str:
         return self._attention
 
+    @property
+    def samplers(self) -> tuple[str, ...]:
+        """DiffusionLM.samplers; a checkpoint that edits tokens (LLaDA2.1's config token_editing) puts
+        its family's editing sampler first."""
+        facts = family_facts(self.family)
+        if facts.editing_samplers and getattr(getattr(self.model, "config", None), "token_editing", False):
+            return facts.editing_samplers
+        return super().samplers
+
     @attention.setter
     def attention(self, name: str) -> None:
         self._feed = FEEDS.get(name)  # an unknown name lists the valid ones

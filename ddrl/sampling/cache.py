@@ -89,7 +89,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ddrl.logits import names_parameter
+from ddrl.logits import takes_argument
+from ddrl.models.contract import model_view
 from ddrl.processes.block import block_attention, position_ids_from_mask
 from ddrl.sampling.utils import completion_logits, guided_logits
 
@@ -251,9 +252,9 @@ def _call_keep(model: Any, ids: Tensor, keep: int | Tensor, class_range: tuple[i
     The block's logits are all a step reads: at LLaDA's V = 126k the head over the whole sequence
     would be most of the call's memory."""
     inner = getattr(_unwrapped(model), "module", _unwrapped(model))  # DDP
-    if class_range is not None and names_parameter(inner, "class_range"):
+    if class_range is not None and takes_argument(inner, "class_range"):
         kwargs["class_range"], class_range = class_range, None  # the model computes those ids alone
-    if names_parameter(inner, "logits_to_keep"):
+    if takes_argument(inner, "logits_to_keep"):
         out = _call(model, ids, logits_to_keep=keep, **kwargs)
         logits = out.logits
     else:
@@ -301,7 +302,7 @@ class ApproxBlockCache:
                  mask_id: int, dual: bool, class_range: tuple[int, int] | None = None):
         self.model, self.prompt_ids, self.prompt_mask = model, prompt_ids, prompt_mask
         self.cfg_scale, self.mask_id, self.dual, self.class_range = cfg_scale, mask_id, dual, class_range
-        self.context = 1 if getattr(model, "logits_shifted", False) else 0
+        self.context = 1 if model_view(model).logits_shifted else 0
         # No prompt mask (the sampler drops an all-ones one): every key is real, so no call passes a
         # mask and the model keeps its unmasked attention kernel; positions are then the default ones.
         self.all_valid = prompt_mask is None
@@ -416,7 +417,7 @@ class ExactBlockCache(BlockCausalForward):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.context = 1 if getattr(self.model, "logits_shifted", False) else 0
+        self.context = 1 if model_view(self.model).logits_shifted else 0
         self.kv = _KVBuffer(self.inputs.valid.shape[1])  # positions [0, self.cached) are final
         self.cached = 0
         self.like: Any = None
@@ -457,8 +458,9 @@ def block_forward(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *,
     The settings were checked by ddrl.sampling.checks.check_sampler (the cache choice; prefix/dual on a
     block-causal model need sampler blocks of whole model blocks); "auto" on unaligned blocks runs uncached."""
     common = dict(cfg_scale=cfg_scale, mask_id=mask_id, class_range=class_range)
-    block_size = getattr(model, "block_size", None)
-    if getattr(model, "completion_suffix", None) or getattr(model, "cfg_unconditional_prompt", None) is not None:
+    view = model_view(model)
+    block_size = view.block_size
+    if view.completion_suffix or view.cfg_unconditional_prompt is not None:
         if block_size or cache not in ("none", "auto"):  # its suffix / guidance prompt live in completion_logits
             raise ValueError(f"this model's layout (a completion suffix, its own guidance prompt) runs without a KV "
                              f"cache on full-attention models only; set rollout.cache=none (got {cache!r})")
