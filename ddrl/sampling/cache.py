@@ -137,6 +137,7 @@ def accepts_cache(model: Any) -> bool:
     seen = 0
     model = _unwrapped(model)
     while model is not None and seen < 8:
+        # A Hugging Face or user backbone states whether it takes a cache only by its signature.
         forward = getattr(model, "forward", None) or getattr(model, "__call__", None)
         try:
             params = inspect.signature(forward).parameters
@@ -146,7 +147,7 @@ def accepts_cache(model: Any) -> bool:
             return True
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             return False
-        inner = getattr(model, "model", None)
+        inner = getattr(model, "model", None)  # the backbone under a wrapper, if any
         if inner is None or inner is model:
             return True  # **kwargs all the way down: let the first call tell
         model, seen = inner, seen + 1
@@ -339,7 +340,7 @@ class ApproxBlockCache:
             out, block = _call_keep(self.model, ids, torch.arange(P + s, P + e, device=ids.device), self.class_range,
                                     attention_mask=given(valid), use_cache=True)
             self.cached_tokens += ids.numel()
-            layers = cache_layers(getattr(out, "past_key_values", None))
+            layers = cache_layers(getattr(out, "past_key_values", None))  # a bare model's output may have none
             if layers is None:
                 self._give_up("returned no past_key_values with use_cache=True", s, e)
             else:
@@ -437,7 +438,7 @@ class ExactBlockCache(BlockCausalForward):
                                 position_ids=self.positions[:, lo:P + e], past_key_values=past, use_cache=want_cache)
         self.forward_tokens += ids[:, lo:P + e].numel()
         if step == 0:
-            layers = cache_layers(getattr(out, "past_key_values", None))
+            layers = cache_layers(getattr(out, "past_key_values", None))  # a bare model's output may have none
             if layers is None:
                 _warn_once(self.model, "returned no past_key_values with use_cache=True")
                 self.use_cache = False  # these logits are still right: this call saw blocks <= b
@@ -500,6 +501,7 @@ def compiled_model(model: Any, *, static: bool) -> Any:
     past) dynamo's automatic dynamic shapes: recompiled with symbolic sizes after the first change.
     A new wrapper per call costs nothing: dynamo keeps the compiled code with the model's forward, so
     the next sampler call on the same model reuses it."""
+    # A plain callable has no parameters (it runs where its inputs are).
     cuda = any(p.is_cuda for p in model.parameters()) if hasattr(model, "parameters") else False
     compiled = torch.compile(model, mode="reduce-overhead" if cuda else None, dynamic=False if static else None)
     if cuda:

@@ -152,6 +152,7 @@ def shard_model(model: torch.nn.Module, device: torch.device, mixed_precision: s
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
+    from ddrl.models.contract import model_view
     from ddrl.models.hf import transformer_blocks  # no transformers import at module level
 
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -162,7 +163,7 @@ def shard_model(model: torch.nn.Module, device: torch.device, mixed_precision: s
     kwargs: dict[str, Any] = {} if policy is None else {"mp_policy": policy}
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
-    for block in transformer_blocks(getattr(model, "model", model)):  # shard each block, then the root
+    for block in transformer_blocks(model_view(model).backbone):  # shard each block, then the root
         fully_shard(block, mesh=mesh, **kwargs)
     fully_shard(model, mesh=mesh, **kwargs)
     return model
