@@ -94,11 +94,6 @@ class DiffusionModel(Protocol):
     process_spec: dict[str, Any]  # {"name": <registered process>, **kwargs}
 
     @property
-    def backbone(self) -> Any:
-        """The module under a DiffusionModel (its `model`: raw logits, no suppression); a bare denoiser is its own."""
-        return self._get("model", self.model)
-
-    @property
     def process(self) -> Any: ...  # the forward process (ddrl.processes.ForwardProcess) built from process_spec
 
     @property
@@ -222,6 +217,11 @@ class ModelView:
         return self._get("max_seq_len")
 
     @property
+    def backbone(self) -> Any:
+        """The module under a DiffusionModel (its `model`: raw logits, no suppression); a bare denoiser is its own."""
+        return self._get("model", self.model)
+
+    @property
     def process(self) -> Any:
         """The model's forward process; None for a bare denoiser."""
         return self._get("process")
@@ -234,10 +234,15 @@ class ModelView:
     @property
     def samplers(self) -> tuple[str, ...]:
         """The samplers that decode the model as trained, its own first: a DiffusionModel's own; a bare
-        denoiser's by its layout (block-causal: "block"; else the masked samplers)."""
+        denoiser's by the family it states (FamilyFacts.samplers), else by its layout (block-causal:
+        "block"; else its process's)."""
         if self.is_family_model:
             return tuple(self.model.samplers)
-        return PROCESS_SAMPLERS["block" if self.block_size else self.process_name]
+        from ddrl.models.families import FAMILIES  # families imports diffusion_lm, which imports this module
+
+        facts = FAMILIES.get(self.family or "")
+        own = facts.samplers if facts is not None else None
+        return own or PROCESS_SAMPLERS["block" if self.block_size else self.process_name]
 
     @property
     def image_codec(self) -> ImageCodec | None:

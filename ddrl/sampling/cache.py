@@ -518,4 +518,4 @@ def _begin_step(model: Any) -> None:
 
 def _unwrapped(model: Any) -> Any:
     """The module torch.compile wrapped (its forward's signature is the one to read), else the model."""
-    return getattr(model, "_orig_mod", model)
+    return getattr(model, "_orig_mod", model)  # torch.compile's wrapper keeps the module there

@@ -344,7 +344,7 @@ def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *, sam
                          "low_confidence" if sampler == "emerge" else cfg.remasking, mask_id, generator,
                          getattr(cfg, "top_k", None) or 0, getattr(cfg, "top_p", None) or 1.0,
                          NOISE_DTYPES[getattr(cfg, "noise_dtype", None) or "float32"], classes,
-                         None if classes is None else int(_model_attr(model, "vocab_size")))
+                         None if classes is None else int(model_view(model).stated("vocab_size")))
     mask = None if prompt_mask is None else prompt_mask.bool()
     if mask is not None and bool(mask.all()):  # one read per call: then no step passes an all-ones mask,
         mask = None  # and the model runs its unmasked attention (SDPA's fastest kernel), as the reference
