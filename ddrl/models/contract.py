@@ -275,5 +275,11 @@ def model_view(model: Any) -> ModelView:
 
 
 def scoring_arguments(model: Any) -> frozenset[str]:
-    """The scoring keyword arguments a model's forward takes (ScoringModel); none for any other model."""
-    return model.scoring_arguments if isinstance(model, ScoringModel) else frozenset()
+    """The scoring keyword arguments a model's forward takes (ScoringModel); none for any other model.
+
+    Declared by the model's class: a wrapper whose forward is its own (a test's nudge, a user's module
+    that forwards attribute reads to a DiffusionLM) declares nothing unless it says so, so it gets the
+    full logits, sliced by the caller, as before."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the compiled module declares
+    # Declared by the class (an attribute or a property), not forwarded by an instance's __getattr__.
+    return frozenset(model.scoring_arguments) if hasattr(type(model), "scoring_arguments") else frozenset()

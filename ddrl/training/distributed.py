@@ -341,6 +341,10 @@ class ModelHandle:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._wrapped(*args, **kwargs)
 
+    @property
+    def scoring_arguments(self) -> frozenset[str]:  # calls reach the DiffusionLM's forward (ddrl.models.contract)
+        return self._inner.scoring_arguments
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
