@@ -242,7 +242,8 @@ class ModelView:
 
         facts = FAMILIES.get(self.family or "")
         own = facts.samplers if facts is not None else None
-        return own or PROCESS_SAMPLERS["block" if self.block_size else self.process_name]
+        layout = "block" if self.block_size else self.process_name
+        return own or PROCESS_SAMPLERS.get(layout, PROCESS_SAMPLERS["masked"])  # a user's process: the masked ones
 
     @property
     def image_codec(self) -> ImageCodec | None:

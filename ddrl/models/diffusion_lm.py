@@ -255,7 +255,8 @@ class DiffusionLM(nn.Module):
         from ddrl.models.families import family_facts  # families imports this module
 
         own = family_facts(self.family).samplers
-        return own or PROCESS_SAMPLERS["block" if self.block_size else self.process_spec["name"]]
+        layout = "block" if self.block_size else self.process_spec["name"]
+        return own or PROCESS_SAMPLERS.get(layout, PROCESS_SAMPLERS["masked"])  # a user's process: the masked ones
 
     @property
     def device(self) -> torch.device:

@@ -14,6 +14,11 @@ the DiffusionLM around it:
 | diffusion_gemma | transformers' own class       | config / tokenizer | aligned      | uniform | "canvas" feed     |
 | ursa            | native (native/ursa.py)       | (pad id)           | shifted by 1 | metric_path | pipeline folder, VQ decoder |
 | generic         | transformers (+ remote code)  | config / tokenizer | aligned      | masked  | "native" feed     |
+| mdlm_dna        | ddrl.models.mdlm_dna (DNA CNN) | 4                 | aligned      | masked  | DRAKES / SEPO; `drakes` sampler |
+
+**Samplers.** `FamilyFacts.samplers` names the samplers that decode the family as trained, its own
+first (DiffusionLM.samplers; rollout.name=auto picks the first); a family that names none decodes
+with its process's (ddrl.models.contract.PROCESS_SAMPLERS).
 
 (The mask id of config.json, when it names one, comes before the family's. URSA is a diffusers
 pipeline folder with no top-level config.json: ddrl.models.ursa reads it, not ddrl.models.hf.)
@@ -85,7 +90,7 @@ FAMILIES: dict[str, FamilyFacts] = {
     "generic": FamilyFacts(),
     # DRAKES / SEPO's unconditional DNA model (read by ddrl.models.mdlm_dna, never through ddrl.models.hf):
     # MDLM's DDPM steps with soft final steps.
-    "mdlm_dna": FamilyFacts(mask_token_id=4, samplers=("drakes",)),
+    "mdlm_dna": FamilyFacts(samplers=("drakes",)),
 }
 
 # Substrings of model_type / architectures / auto_map that name a family, tried in this order

@@ -110,6 +110,11 @@ class HFDiffusionLM(DiffusionLM):
     def attention(self) -> str:
         return self._attention
 
+    @attention.setter
+    def attention(self, name: str) -> None:
+        self._feed = FEEDS.get(name)  # an unknown name lists the valid ones
+        self._attention = name
+
     @property
     def samplers(self) -> tuple[str, ...]:
         """DiffusionLM.samplers; a checkpoint that edits tokens (LLaDA2.1's config token_editing) puts
@@ -118,11 +123,6 @@ class HFDiffusionLM(DiffusionLM):
         if facts.editing_samplers and getattr(getattr(self.model, "config", None), "token_editing", False):
             return facts.editing_samplers
         return super().samplers
-
-    @attention.setter
-    def attention(self, name: str) -> None:
-        self._feed = FEEDS.get(name)  # an unknown name lists the valid ones
-        self._attention = name
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: Any = None, use_cache: bool = False, *,

@@ -174,9 +174,8 @@ class MetricPathProcess(ClassProcess):
         """URSA's pretraining loss: cross-entropy of x0 at every eligible position of x_t ~ p_s(. | x0)."""
         if loss != "ce":
             raise ValueError(f"loss={loss!r}: the metric path trains with URSA's cross-entropy only (loss='ce')")
-        ce = lambda logits, x0, noised, t, xt: self.ce_loss(logits, x0, noised)  # noqa: E731
-        return self._pretrain_loss(model, x0, eligible, attention_mask, generator=generator, eps=eps,
-                                   num_tokens=num_tokens, per_sequence=ce, ce=True)
+        return self._pretrain_loss(model, x0, eligible, attention_mask, generator=generator, loss="ce", eps=eps,
+                                   num_tokens=num_tokens)
 
     # ---------------------------------------------------------------- helpers
     def _on(self, like: Tensor) -> Tensor:

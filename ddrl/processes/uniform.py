@@ -28,7 +28,7 @@ position, no time weight (Yovecent/UDM-GRPO diffnext/pipelines/ursa/pipeline_tra
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -94,21 +94,23 @@ class ClassProcess(ForwardProcess):
         nll = -self.class_log_probs(logits, noised).gather(-1, c.unsqueeze(-1)).squeeze(-1)  # [B, L]
         return torch.where(noised, nll, torch.zeros_like(nll)).sum(dim=1)
 
+    def sequence_loss(self, loss: str, logits: Tensor, x0: Tensor, noised: Tensor, t: Tensor, xt: Tensor) -> Tensor:
+        """One draw's loss per sequence [B]: URSA's cross-entropy (loss="ce"; UniformProcess adds "elbo")."""
+        return self.ce_loss(logits, x0, noised)
+
     def _pretrain_loss(self, model: Any, x0: Tensor, eligible: Tensor, attention_mask: Tensor | None, *,
-                       generator: torch.Generator, eps: float, num_tokens: float | Tensor | None,
-                       per_sequence: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor],
-                       ce: bool) -> tuple[Tensor, dict[str, Tensor]]:
-        """One pretraining draw: t, x_t, the model's logits, per_sequence(logits, x0, noised, t, xt) [B]
-        per eligible token (ce: the stat is named ce_per_token)."""
+                       generator: torch.Generator, loss: str, eps: float,
+                       num_tokens: float | Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+        """One pretraining draw: t, x_t, the model's logits and sequence_loss, per eligible token."""
         check_tokens(x0)
         eligible = check_eligible(eligible, x0)
         t = self.sample_t(x0.shape[0], generator=generator, device=x0.device, eps=eps)  # [B]
         xt, noised = self.noise(x0, t, generator=generator, eligible=eligible)
         logits = model(xt, attention_mask=attention_mask).logits  # [B, T, V]
-        out, stats = _per_token_loss(per_sequence(logits, x0, noised, t, xt), eligible, noised, num_tokens)
+        out, stats = _per_token_loss(self.sequence_loss(loss, logits, x0, noised, t, xt), eligible, noised, num_tokens)
         # Every eligible token is noised under this process; the informative number is how many changed.
         stats["noised_frac"] = (((xt != x0) & eligible).sum() / eligible.sum().clamp(min=1)).float()
-        if ce:
+        if loss == "ce":
             stats["ce_per_token"] = stats.pop("nelbo_per_token")
         return out, stats
 
@@ -239,8 +241,9 @@ class UniformProcess(ClassProcess, ScheduledProcess):
         """
         if loss not in _LOSSES:
             raise ValueError(f"loss={loss!r} is not a uniform-diffusion loss; choose one of: {', '.join(_LOSSES)}")
-        elbo = lambda logits, x0, noised, t, xt: self.nelbo(logits, x0, noised, t, xt=xt)  # noqa: E731
-        ce = lambda logits, x0, noised, t, xt: self.ce_loss(logits, x0, noised)  # noqa: E731
-        return self._pretrain_loss(model, x0, eligible, attention_mask, generator=generator, eps=eps,
-                                   num_tokens=num_tokens, per_sequence=elbo if loss == "elbo" else ce,
-                                   ce=loss == "ce")
+        return self._pretrain_loss(model, x0, eligible, attention_mask, generator=generator, loss=loss, eps=eps,
+                                   num_tokens=num_tokens)
+
+    def sequence_loss(self, loss: str, logits: Tensor, x0: Tensor, noised: Tensor, t: Tensor, xt: Tensor) -> Tensor:
+        """One draw's loss per sequence [B]: the UDLM NELBO (loss="elbo") or URSA's cross-entropy ("ce")."""
+        return self.nelbo(logits, x0, noised, t, xt=xt) if loss == "elbo" else self.ce_loss(logits, x0, noised)

@@ -139,3 +139,30 @@ def test_no_family_name_comparison_outside_the_model_layer():
              for i, line in enumerate(p.read_text().splitlines()) if FAMILY_COMPARISON.search(line)]
     assert not found, "a family's behaviour belongs in ddrl.models (FamilyFacts, the model's attributes):\n" + \
         "\n".join(found)
+
+
+def test_scoring_arguments_are_declared_by_the_class_not_forwarded():
+    """The trainer's ModelHandle passes every keyword to its DiffusionLM, so it declares its arguments; a
+    wrapper that only forwards attribute reads declares none and gets full logits (sliced by the caller)."""
+    from ddrl.models.contract import scoring_arguments
+    from ddrl.training.distributed import ModelHandle
+
+    lm = _built_in(Path("."))
+
+    class Forwarding(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def __getattr__(self, name):
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                return getattr(self.inner, name)
+
+        def forward(self, input_ids, attention_mask=None):
+            return self.inner(input_ids, attention_mask)
+
+    assert scoring_arguments(lm) == SCORING_ARGUMENTS
+    assert scoring_arguments(ModelHandle(lm, lm)) == SCORING_ARGUMENTS
+    assert scoring_arguments(Forwarding(lm)) == frozenset()
