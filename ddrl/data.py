@@ -354,12 +354,12 @@ def decode_image_ids(model: Any, completion_ids: Tensor, grid: tuple[int, int]) 
     """[n, h*w] image-token ids -> [n, 3, H, W] float32 pixels in [0, 1] through the model's decoder.
 
     The model's image tokens are ids image_token_range = (first, end): code c is id first + c."""
-    from ddrl.models.contract import model_view  # ddrl.models imports this module
+    from ddrl.models.contract import CapabilityError, model_view  # ddrl.models imports this module
 
     view = model_view(model)
     codec = view.image_codec
     if codec is None:
-        raise ValueError(f"an image task needs a model with an image decoder (model.decode_images and "
+        raise CapabilityError("image_codec", f"an image task needs a model with an image decoder (model.decode_images and "
                          f"model.image_token_range: URSA, MMaDA with its VQ model); this {view.family or ''} "
                          f"model has none")
     span = codec.image_token_range

@@ -47,11 +47,12 @@ PROCESS_SAMPLERS: dict[str, tuple[str, ...]] = {
 
 
 class CapabilityError(ValueError):
-    """A model lacks a capability a caller needs: the message names the capability and the model's family."""
+    """A model lacks a capability a caller needs (`capability`: the contract's attribute); the message
+    names it, the model's family, and the fix."""
 
-    def __init__(self, capability: str, family: str | None, why: str = ""):
-        self.capability, self.family = capability, family
-        super().__init__(f"this {family or 'bare'} model has no {capability}{': ' + why if why else ''}")
+    def __init__(self, capability: str, message: str):
+        super().__init__(message)
+        self.capability = capability
 
 
 @runtime_checkable
@@ -262,11 +263,12 @@ class ModelView:
         value = self._get(name)
         return value if value is not None else getattr(self._get("config"), name, None)
 
-    def require(self, capability: str, why: str = "") -> Any:
+    def require(self, capability: str, fix: str = "") -> Any:
         """The named attribute; a CapabilityError naming it (and the family) when the model has none."""
         value = getattr(self, capability)
         if value is None or value == ():
-            raise CapabilityError(capability, self.family, why)
+            raise CapabilityError(capability, f"this {self.family or 'bare'} model has no {capability}"
+                                              f"{'; ' + fix if fix else ''}")
         return value
 
 

@@ -309,7 +309,7 @@ def sample_diffusion_gemma(model, prompt_ids: Tensor, prompt_mask: Tensor | None
     if return_trajectory:
         raise ValueError("the diffusion_gemma sampler records no trajectory; use an estimator that does not need "
                          "one, or rollout.name=uniform")
-    C = model_view(model).canvas_length
+    C = model_view(model).require("canvas_length", "load a DiffusionGemma checkpoint (its sampler denoises one canvas)")
     if cfg.gen_length != C:
         raise ValueError(f"rollout.gen_length={cfg.gen_length} must equal DiffusionGemma's canvas_length={C} "
                          f"(one canvas)")

@@ -97,8 +97,11 @@ def test_image_models_are_image_codecs_and_text_models_are_not(family, tmp_path)
         assert not isinstance(model.process, ScheduledProcess)  # the metric path: no NELBO, no alpha(t)
     else:
         assert view.image_codec is None and view.image_grid is None
-        with pytest.raises(CapabilityError, match=rf"this {family} model has no canvas_length"):
-            view.require("canvas_length")
+        with pytest.raises(CapabilityError, match=rf"this {family} model has no canvas_length; load a Diff"):
+            view.require("canvas_length", "load a DiffusionGemma checkpoint")
+        with pytest.raises(CapabilityError, match="an image task needs a model with an image decoder") as err:
+            ddrl.data.decode_image_ids(model, torch.zeros(1, 4, dtype=torch.long), (2, 2))
+        assert err.value.capability == "image_codec"
 
 
 def test_a_bare_denoiser_reads_as_the_documented_empty_values():
