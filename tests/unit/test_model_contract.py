@@ -169,3 +169,17 @@ def test_scoring_arguments_are_declared_by_the_class_not_forwarded():
     assert scoring_arguments(lm) == SCORING_ARGUMENTS
     assert scoring_arguments(ModelHandle(lm, lm)) == SCORING_ARGUMENTS
     assert scoring_arguments(Forwarding(lm)) == frozenset()
+
+
+def test_processes_state_their_abstract_methods():
+    from ddrl.processes import ClassProcess, MaskedProcess, MetricPathProcess, UniformProcess
+
+    for abstract in (ForwardProcess, ScheduledProcess, ClassProcess):
+        with pytest.raises(TypeError, match="abstract"):
+            abstract()
+    assert ForwardProcess.__abstractmethods__ == {"noise", "pretrain_loss"}
+    assert ScheduledProcess.__abstractmethods__ == {"noise", "pretrain_loss", "nelbo"}
+    assert issubclass(MaskedProcess, ScheduledProcess) and issubclass(UniformProcess, ScheduledProcess)
+    # The metric path is the uniform process's sibling: never asked for a NELBO, a schedule or a posterior.
+    assert issubclass(MetricPathProcess, ClassProcess) and not issubclass(MetricPathProcess, ScheduledProcess)
+    assert not any(hasattr(MetricPathProcess, name) for name in ("nelbo", "posterior", "schedule"))
