@@ -9,7 +9,7 @@ honest protocol:
   dev curve is what a reader may use to compare runs while they train;
 - the final model of each run is scored once on the sealed TEST split (n puzzles), paired against
   the base model on the same puzzles (a paired cluster bootstrap over solution grids,
-  ddrl.eval.stats.gain_estimate): the only numbers the verdicts quote;
+  ddrl.stats.gain_estimate): the only numbers the verdicts quote;
 - results are written to `<out>/results.json` after every run, so a cut study keeps what it ran.
 
 bench/dipod_elbo_gap.py shares the timing, the JSON writing and the plotting helpers.
@@ -127,7 +127,7 @@ def score_test_split(model: Any, task: Any, sampler: Any, n: int, seed: int) -> 
 
 def summarize_test(base: SplitScores, final: SplitScores, seed: int) -> dict[str, Any]:
     """The final model's test solve rate and its paired gain over the base, both with 95% intervals."""
-    from ddrl.eval.stats import gain_estimate, score_estimate
+    from ddrl.stats import gain_estimate, score_estimate
 
     rate = score_estimate(final.scores, clusters=final.clusters, seed=seed)
     gain = gain_estimate(base.scores, final.scores, clusters=final.clusters, seed=seed)
@@ -137,7 +137,7 @@ def summarize_test(base: SplitScores, final: SplitScores, seed: int) -> dict[str
 
 def paired_difference(a: list[float], b: list[float], clusters: list[Any] | None, seed: int) -> dict[str, Any]:
     """b - a on the same test puzzles (e.g. noisy vs clean run of one method), 95% paired interval."""
-    from ddrl.eval.stats import gain_estimate
+    from ddrl.stats import gain_estimate
 
     est = gain_estimate(a, b, clusters=clusters, seed=seed)
     return {**est.as_dict(), "text": est.format(unit="pt", signed=True),
@@ -191,7 +191,7 @@ def run_study(runs: list[Run], budget: Budget, out: Path, *, name: str) -> dict[
 
     Writes `<out>/results.json` after the base and after every run (a cut study keeps its runs)."""
     from ddrl.config import RLConfig, load_config, task_kwargs
-    from ddrl.eval.stats import score_estimate
+    from ddrl.stats import score_estimate
     from ddrl.models import load_model
     from ddrl.tasks import get_task
 

@@ -17,7 +17,7 @@ sudoku   9x9 Sudoku (81-token answers), greedy, the built-in model `checkpoints/
          and the fed-token ratio (reference / variant; both independent of the machine's load),
          accuracy (solved, Wilson 95% interval), cell accuracy, token agreement with the reference,
          and each variant's solve rate minus the reference's on the same puzzles with a paired
-         bootstrap 95% interval over puzzles (clusters: the solution grid; ddrl/eval/stats.py).
+         bootstrap 95% interval over puzzles (clusters: the solution grid; ddrl/stats.py).
          --dump writes every puzzle's completion and verdict per variant (JSON), to compare runs
          across commits puzzle by puzzle. --quick: 8 puzzles, two variants (a smoke test).
 random   a random-weight built-in model, gen 256 in blocks of 32, one token per step: raw speed of
@@ -148,7 +148,7 @@ def solve_rate_rows(task: Any, examples: list[dict], solved: dict[str, list[bool
     """Per variant: accuracy with its Wilson 95% interval, and the paired change against the
     reference on the same puzzles (bootstrap over puzzles, or over solution grids where a task's
     puzzles share grids), in points."""
-    from ddrl.eval.stats import gain_estimate, rate_estimate
+    from ddrl.stats import gain_estimate, rate_estimate
     from ddrl.tasks.base import cluster_keys
 
     clusters = cluster_keys(task, examples)

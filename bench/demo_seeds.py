@@ -24,7 +24,7 @@ def main() -> None:
     from ddrl.config import RLConfig, load_config
     from ddrl.eval import evaluate
     from ddrl.eval.runner import first_scores
-    from ddrl.eval.stats import gain_estimate
+    from ddrl.stats import gain_estimate
     from ddrl.tasks import get_task
     from ddrl.training.trainer import Trainer
 

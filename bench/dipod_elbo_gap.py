@@ -314,8 +314,8 @@ PAIRS = (("dipod", "fpo"), ("dipod_beta0", "fpo_beta0"))  # (with the ELBO term,
 
 def paired_over_seeds(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """DiPOD minus its FPO base at the last step, paired by training seed (same base model, same
-    prompts): mean difference and 95% percentile bootstrap over seeds (ddrl.eval.stats.gain_estimate)."""
-    from ddrl.eval.stats import gain_estimate
+    prompts): mean difference and 95% percentile bootstrap over seeds (ddrl.stats.gain_estimate)."""
+    from ddrl.stats import gain_estimate
 
     out: dict[str, dict[str, Any]] = {}
     for arm, base in PAIRS:

@@ -3,7 +3,7 @@
 Runs the masked sampler's reference and dual-cache + threshold variants on a fixed puzzle file with
 whatever ddrl is first on PYTHONPATH (it uses only APIs that b13b987 already had), dumps every
 puzzle's completion, and compares two dumps: identical tokens per variant, and each variant's solve
-rate against the reference with a paired 95% interval (ddrl/eval/stats.py, graded by this tree).
+rate against the reference with a paired 95% interval (ddrl/stats.py, graded by this tree).
 
     # the puzzles, from this tree's sealed test split
     python bench/fastpath_across_commits.py puzzles --n 512 --out puzzles.json
@@ -70,7 +70,7 @@ def compare(a: argparse.Namespace) -> None:
     import torch
 
     from ddrl.data import decode_completions
-    from ddrl.eval.stats import gain_estimate, rate_estimate
+    from ddrl.stats import gain_estimate, rate_estimate
     from ddrl.models import load_model
     from ddrl.tasks import get_task
 

@@ -66,7 +66,7 @@ def score(model: Any, base: Any, task: Any, split: str, n: int, seed: int, proto
     import torch
 
     import ddrl
-    from ddrl.eval.stats import mean_estimate
+    from ddrl.stats import mean_estimate
     from ddrl.tasks.dna import BASES, mdlm_log_likelihood
 
     rows_path = work / f"rows-{split}-{time.monotonic_ns()}.jsonl"
@@ -88,7 +88,7 @@ def data_reference(base: Any, task: Any, proto: Protocol) -> dict:
     """The base model's likelihood and the oracle on the sealed test split's own (data) sequences."""
     import torch
 
-    from ddrl.eval.stats import mean_estimate
+    from ddrl.stats import mean_estimate
     from ddrl.tasks.dna import BASES, mdlm_log_likelihood
 
     seqs = [ex["seq"] for ex in task.all_test_examples()][:proto.test_n]
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     proto = QUICK if args.quick else Protocol()
 
     import ddrl
-    from ddrl.eval.stats import gain_estimate
+    from ddrl.stats import gain_estimate
     from ddrl.tasks.dna import DNAEnhancerTask
     from ddrl.tasks.dna_motifs import write_motif_dataset
 

@@ -5,7 +5,7 @@ learning when the importance ratios are noisy, where PPO-style conditional clipp
 lets an A < 0 sample with a huge ratio through. Here GRPO, ESPO and StableDRL, each from its
 shipped configs/rl/<method>_mini_sudoku.yaml (its paper's estimator), train on the shipped 4x4
 Sudoku model for 2-step decoding with and without Gaussian noise of std `--noise` added to every
-log-ratio (method.ratio_noise, ddrl.objectives.base.inject_ratio_noise). Every run: same seed,
+log-ratio (method.objective_args.ratio_noise_std, ddrl.objectives.base.inject_ratio_noise). Every run: same seed,
 prompts and budget; dev solve rate every 10 steps (n=256, the same puzzles); final sealed-test
 solve rate (n=1000) paired against the base over solution grids.
 
@@ -28,8 +28,9 @@ METHODS = ("grpo", "espo", "stable_drl")
 
 
 def study_runs(methods: list[str], noise: float) -> list[Run]:
-    return [Run(f"{m}-noise{s:g}", f"configs/rl/{m}_mini_sudoku.yaml", [f"method.ratio_noise={s}"],
-                {"method": m, "noise": s}) for m in methods for s in (0.0, noise)]
+    return [Run(f"{m}-noise{s:g}", f"configs/rl/{m}_mini_sudoku.yaml",
+                [f"method.objective_args.ratio_noise_std={s}"], {"method": m, "noise": s})
+            for m in methods for s in (0.0, noise)]
 
 
 def noise_effects(study: dict[str, Any], noise: float) -> dict[str, dict[str, Any]]:

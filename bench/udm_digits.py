@@ -103,7 +103,7 @@ def train_seed(overrides: list[str], seed: int, curve_at: set[int], base_test: d
     test_at: earlier steps also scored on test, for reporting only (a shorter budget's number that
     other recipes are compared with); nothing is chosen on them."""
     from ddrl.config import RLConfig, load_config
-    from ddrl.eval.stats import gain_estimate
+    from ddrl.stats import gain_estimate
     from ddrl.training.trainer import Trainer
 
     cfg = load_config(CONFIG, ["eval.every=0", "eval.before=false", "eval.n=0", "train.progress=false",
@@ -260,7 +260,7 @@ def second_judge(grid: list[list[list[int]]]) -> dict[str, float]:
 
 def judge_table(base_grid: list[list[list[int]]], results: list[dict[str, Any]]) -> str:
     """Markdown: second_judge of the base grid and of each recipe's first seed's final grid."""
-    from ddrl.eval.stats import rate_estimate
+    from ddrl.stats import rate_estimate
 
     lines = ["| samples (10 classes x 8) | reward classifier PF % | kNN-on-real PF % [95%], n | nearest real digit, L1 | "
              "pixels at level >= 15 |", "|---|---|---|---|---|"]

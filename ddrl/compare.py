@@ -140,7 +140,7 @@ def method_difference(out: str | Path, a: str, b: str) -> dict[str, Any]:
     """Method a's final report score minus method b's, on the same examples: each example's final
     score averaged over each method's seeds, then one paired bootstrap over examples or clusters
     (the seed papers' "A beats B" claims, e.g. GDSD against ESPO and SPG)."""
-    from ddrl.eval.stats import gain_estimate
+    from ddrl.stats import gain_estimate
 
     runs = read_runs(Path(out))
     scores = {}
@@ -178,7 +178,7 @@ def pooled_gain(run_dirs: list[Path]) -> dict[str, Any] | None:
     """The gain of all seeds together: each example's before and after scores averaged over the
     seeds' runs (they scored the same examples), then one paired bootstrap over examples or
     clusters. Seed-to-seed spread is reported beside it (gain_sd), not inside it."""
-    from ddrl.eval.stats import gain_estimate
+    from ddrl.stats import gain_estimate
 
     if not run_dirs:
         return None

@@ -154,7 +154,6 @@ class MethodConfig:
     estimator_args: dict[str, Any] = field(default_factory=dict)  # e.g. {num_mc: 2, p_mask_prompt: 0.15}
     fresh_masks: bool | None = None  # new mask seed for every pass (StableDRL); None = objective's default
     reuse_masks: bool | None = None  # every inner iteration reuses iteration 0's masks (DiPOD); None = default
-    ratio_noise: float = 0.0  # stress mode: std of Gaussian noise added to log-ratios ("exploding weights")
     elbo_reg: float = 0.0  # DiPOD on-policy ELBO regulariser weight lambda (0 = off)
     moe_aux_loss_coef: float = 0.0  # a mixture of experts' (LLaDA2) router balance loss added to the loss with
     # this weight (ddrl.models.moe_balance: DeepSeek-V3's sequence-wise form); 0 = off, as the released models

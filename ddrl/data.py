@@ -24,13 +24,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:  # ddrl.data sits below ddrl.tasks; the prompt type is read by its attributes
-    from ddrl.tasks.base import ChatPrompt
+
+class ChatPrompt(Protocol):
+    """What this module reads of a chat prompt. ddrl.data sits below ddrl.tasks, so it names the
+    attributes of ddrl.tasks.base.ChatPrompt (the dataclass tasks build) instead of importing it."""
+
+    @property
+    def user(self) -> str: ...
+    @property
+    def system(self) -> str | None: ...
+    @property
+    def prefill(self) -> str: ...
 
 
 def prompt_parts(prompt: str | ChatPrompt) -> tuple[str, str | None, str]:

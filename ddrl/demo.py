@@ -24,7 +24,7 @@ from ddrl.config import RLConfig, load_config
 from ddrl.models.contract import model_view
 
 if TYPE_CHECKING:
-    from ddrl.eval.stats import Estimate
+    from ddrl.stats import Estimate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMOS = {
@@ -112,7 +112,7 @@ def paired_gain(eval_dir: Path, before_step: int, after_step: int, tag: str = "e
     import json
 
     from ddrl.eval.runner import first_scores
-    from ddrl.eval.stats import gain_estimate
+    from ddrl.stats import gain_estimate
 
     def rows(step: int) -> list[dict]:
         name = f"step-{step}.jsonl" if tag == "eval" else f"{tag}-step-{step}.jsonl"

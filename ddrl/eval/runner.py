@@ -119,7 +119,7 @@ def evaluate(model: Any, task: Any, n: int | None = None, *, sampler: SamplerCon
     shard: split the examples over the ranks of torch.distributed's default group (every rank must
     call); each rank samples its share and every rank gets the whole, gathered result.
     """
-    from ddrl.eval.stats import score_estimate
+    from ddrl.stats import score_estimate
     from ddrl.tasks import get_task
     from ddrl.tasks.base import cluster_keys, split_examples
 
@@ -305,7 +305,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def pass_at_k(rows: list[dict[str, Any]], k: int, clusters: Any = None) -> dict[str, Any]:
     """pass@k and pass@1 over the k samples of each row, from `correct`, each with its 95%
     interval over examples (or their clusters: `pass@k_interval`, `pass@1_interval`)."""
-    from ddrl.eval.stats import score_estimate
+    from ddrl.stats import score_estimate
 
     out: dict[str, Any] = {}
     for name, per_row in ((f"pass@{k}", [_pass_at_k(k, sum(row["correct"]), k) for row in rows]),

@@ -293,10 +293,3 @@ def merge_and_save(model: DiffusionLM, directory: str | Path, state_dict: dict[s
         raise ValueError("this model has no LoRA adapter to merge; save it with model.save_pretrained")
     model.save_pretrained(directory, state_dict=state_dict, merge_adapter=True)
     return Path(directory)
-
-
-def trainable_parameter_count(model: nn.Module) -> tuple[int, int]:
-    """(trainable, total) parameter counts."""
-    total = sum(p.numel() for p in model.parameters())
-    return sum(p.numel() for p in model.parameters() if p.requires_grad), total
-

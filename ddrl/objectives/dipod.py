@@ -14,9 +14,9 @@ policy's own current samples next to each policy-gradient step:
 ELBO_θ is the estimator's extras["elbo"] if present, else its seq_logp. "dipod" is FPO + this term
 (the released d1-based recipe; it inherits FPO's mask reuse across inner iterations and EOS
 exclusion, both as released, golden test tests/unit/test_golden_dipod.py);
-`method.elbo_reg=λ` adds the same term to any other objective (ddrl.training.method.Method.loss;
+`method.elbo_reg=λ` adds the same term to any other objective (ddrl.training.loss_terms.ElboTerm;
 e.g. SPG: note the released SPG+DiPOD weights the term by length, Σ_i(-ELBO_i)·len_i/Σlen, while
-ddrl uses the plain sequence mean). Both go through `add_elbo_regulariser`, the one implementation.
+ddrl uses the plain sequence mean). Both compute `elbo_regulariser`, the one implementation.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ raises and returns in bounded time on any completion (docs/architecture.md#rewar
     strict_format_reward      d1's strict, line-by-line format
     boxed_reward              a \\boxed{} answer is present
     digits_classifier_reward  a held-out classifier's p(`label` | image) (rewards/image.py)
-    CompositeReward           weighted sum with per-part logging (rewards/composite.py)
+    CompositeReward           weighted sum; .score() -> RewardResult(scores, parts) (rewards/composite.py)
     ModelReward, HFSequenceClassifierReward, ClipStyleImageReward   neural rewards (rewards/model_based.py)
     pickscore, clip_score, hpsv2, hpsv3, unifiedreward   text-to-image rewards by name (rewards/catalog.py)
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ddrl.rewards.composite import CompositeReward, d1_math_reward, per_completion
+from ddrl.rewards.composite import CompositeReward, RewardResult, d1_math_reward, per_completion, score_parts
 from ddrl.rewards.format import (boxed_reward, extract_answer, extract_boxed, soft_format_reward,
                                  strict_format_reward)
 from ddrl.rewards.math import gold_answer, math_correct, math_correctness_reward
@@ -55,6 +55,6 @@ def __getattr__(name: str) -> Any:  # numpy/torch load only when an image or mod
     raise AttributeError(f"module 'ddrl.rewards' has no attribute {name!r}")
 
 
-__all__ = ["CompositeReward", "d1_math_reward", "per_completion", "boxed_reward", "extract_answer",
-           "extract_boxed", "soft_format_reward", "strict_format_reward", "gold_answer", "math_correct",
-           "math_correctness_reward", *_LAZY]
+__all__ = ["CompositeReward", "RewardResult", "score_parts", "d1_math_reward", "per_completion", "boxed_reward",
+           "extract_answer", "extract_boxed", "soft_format_reward", "strict_format_reward", "gold_answer",
+           "math_correct", "math_correctness_reward", *_LAZY]

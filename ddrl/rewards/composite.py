@@ -7,18 +7,30 @@ aligned with the completions (None = not applicable). Two helpers build such fun
 - `per_completion(score)` lifts `score(completion, **row) -> float | None` to a batched reward
   that catches every error of a single completion (the completion then scores `on_error`), so one
   pathological sample never takes down a training step.
-- `CompositeReward([(name, fn, weight), ...])` sums weighted parts and keeps each part's scores of
-  the last call in `.last_parts`, so a trainer logs `reward/correctness` and `reward/format`
-  separately (d1 logs its five reward functions the same way).
+- `CompositeReward([(name, fn, weight), ...])` sums weighted parts. Called, it is a plain reward;
+  `.score(completions, **columns)` returns a `RewardResult`: the same scores and each part's
+  (unweighted) scores, so a trainer logs `reward/correctness` and `reward/format` separately (d1
+  logs its five reward functions the same way). `score_parts(reward, ...)` gives a `RewardResult`
+  for any reward: a plain function's has no parts.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 RewardFn = Callable[..., list[float | None]]
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """A reward's scores of one call, with the breakdown a composite reward logs."""
+
+    scores: list[float | None]  # one per completion; None = not applicable
+    parts: dict[str, list[float | None]] = field(default_factory=dict)  # part name -> its unweighted scores,
+    # aligned with `scores` (a plain reward function has none)
 
 
 def column_value(column: Any, i: int) -> Any:
@@ -64,7 +76,7 @@ def per_completion(score: Callable[..., float | None] | None = None, *, on_error
 
 
 class CompositeReward:
-    """Weighted sum of named rewards; `last_parts[name]` holds each part's scores of the last call.
+    """Weighted sum of named rewards; `score` returns the sum with each part's scores.
 
     A part that returns None for a completion does not contribute to it; a completion for which
     every part is None scores None. A part that raises (it should not) scores 0.0 for the batch.
@@ -82,13 +94,15 @@ class CompositeReward:
             if not isinstance(weight, (int, float)) or not math.isfinite(weight):
                 raise ValueError(f"part {name!r}: weight must be a finite number, got {weight!r}")
         self.parts = [(name, fn, float(weight)) for name, fn, weight in parts]
-        self.last_parts: dict[str, list[float | None]] = {}
 
     @property
     def weights(self) -> dict[str, float]:
         return {name: weight for name, _, weight in self.parts}
 
     def __call__(self, completions: list[str], **columns: Any) -> list[float | None]:
+        return self.score(completions, **columns).scores
+
+    def score(self, completions: list[str], **columns: Any) -> RewardResult:
         n = len(completions)
         total = [0.0] * n
         applicable = [False] * n
@@ -104,12 +118,18 @@ class CompositeReward:
                 if s is not None:
                     total[i] += weight * s
                     applicable[i] = True
-        self.last_parts = parts
-        return [t if a else None for t, a in zip(total, applicable)]
+        return RewardResult([t if a else None for t, a in zip(total, applicable)], parts)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{name}*{weight:g}" for name, _, weight in self.parts)
         return f"CompositeReward({inner})"
+
+
+def score_parts(reward: RewardFn, completions: list[str], **columns: Any) -> RewardResult:
+    """`reward`'s scores with its parts: a CompositeReward's breakdown, none for a plain function."""
+    if isinstance(reward, CompositeReward):
+        return reward.score(completions, **columns)
+    return RewardResult(list(reward(completions, **columns)))
 
 
 def d1_math_reward(correctness_weight: float = 2.0, format_weight: float = 0.5,

@@ -1,9 +1,10 @@
-"""Paper presets of d1's peers: ESPO, SPG, StableDRL, GDSD and DiffuCoder (issue 15, item 2).
+"""Reward functions and evaluation parsers of d1's peers: ESPO, SPG, StableDRL, GDSD and DiffuCoder.
 
-Each preset reproduces one paper's prompt, training reward and accuracy metric for one task, as its
-released code computes them (repository and commit in `Preset.source`). The scores are checked
+Pure functions of text and columns, as each paper's released code computes them; the presets that
+bundle a paper's prompt, reward and metric per task live in ddrl/tasks/presets/<paper>.py
+(repository and commit in `Preset.source`). The scores are checked
 against the papers' own functions run on fixed completions (tests/fixtures/peer_rewards/, made by
-tests/fixtures/make_peer_rewards.py; tests/unit/test_peer_presets.py). Registered:
+tests/fixtures/make_peer_rewards.py; tests/unit/test_peer_presets.py). Presets:
 
     espo        gsm8k math500 countdown sudoku4x4   ML-GSAI/ESPO @ b5f2dac
     spg         gsm8k math500 countdown sudoku4x4   facebookresearch/SPG @ a1c7120
@@ -50,11 +51,8 @@ from typing import Any, Callable
 from ddrl.rewards import d1 as d1_rewards
 from ddrl.rewards.composite import CompositeReward, column_value, per_completion
 from ddrl.rewards.math import verify_in_worker
-from ddrl.tasks.base import ChatPrompt
-from ddrl.tasks.presets import Preset, get_preset, register_preset
 
 MATH_VERIFY_CPU_S = 10.0  # CPU seconds per comparison (the peers: 5 s wall for a parse, 5 s for verify)
-
 
 # ================================================================ shared pieces
 def _rows(fn: Callable[..., float | None]) -> Callable[..., list[float | None]]:
@@ -267,34 +265,6 @@ def five_function_reward(dotall: bool) -> CompositeReward:
 
 
 # ================================================================ ESPO
-_ESPO_BOXED_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
-_REASONING_FORMAT = d1_rewards.FORMAT_INSTRUCTION  # "Respond in the following format: <reasoning> ..."
-_COUNTDOWN_TASK = (
-    "Using only the numbers {numbers}, create an arithmetic expression that evaluates to exactly {target}. "
-    "You must use all numbers from the list, and each number must be used exactly once. You may use the "
-    "operations +, -, *, and / as needed. After reasoning, provide only your final expression inside "
-    "<answer></answer> tags without including an equals sign or the target number. For example, if the "
-    "numbers are [2, 3, 4] and the target is 5, a valid answer is: <answer>\n2*4-3\n</answer>")
-_SUDOKU_RULES = (
-    "\nPlease solve the following 4x4 Sudoku puzzle. The puzzle is provided as a 16-character string reading "
-    "left-to-right, top-to-bottom, where '0' represents empty cells.\n\n")
-_SUDOKU_RESPOND = (
-    "Respond in this exact format:\n<reasoning>\nYour step-by-step solving process\n</reasoning>\n<answer>\n"
-    "[16-character solution string with no spaces or separators]\n</answer>\n")
-ESPO_SUDOKU_PROMPT = (
-    _SUDOKU_RULES
-    + "**Rules:**\n- Fill empty cells with digits 1-4.\n- Each row must contain digits 1-4 exactly once.\n"
-    "- Each column must contain digits 1-4 exactly once.\n- Each 2x2 box must contain digits 1-4 exactly once.\n\n"
-    "**Example:**\nPuzzle: 0401002010030310\nThis puzzle grid looks like this:\n0 4 | 0 1\n0 0 | 2 0\n----+----\n"
-    "1 0 | 0 3\n0 3 | 1 0\n\nSolution: 2431312412434312\nThe solved grid looks like this:\n2 4 | 3 1\n3 1 | 2 4\n"
-    "----+----\n1 2 | 4 3\n4 3 | 1 2\n\n**Important:** Your solution must be a COMPLETE 16-character string with "
-    "only the digits 1-4, representing your final solved grid.\n\n" + _SUDOKU_RESPOND)
-
-
-def _countdown_user(example: dict[str, Any], intro: str = _REASONING_FORMAT) -> str:
-    return intro + "\n" + _COUNTDOWN_TASK.format(numbers=list(example["numbers"]), target=example["target"])
-
-
 _ESPO_LAST_NUMBER = (re.compile(r"The answer is (\-?[0-9\.,]+)."), re.compile(r"#### (\-?[0-9\.,]+)"))
 
 
@@ -328,21 +298,12 @@ d1_countdown_reward = d1_rewards.countdown_score
 d1_sudoku_reward = d1_rewards.sudoku_score
 
 
-def _d1_metric(task: str) -> Callable[..., list[float]]:
-    """d1's eval/parse_and_get_acc.py verdict for `task`: SPG's copy of that file is d1's."""
-
-    def metric(completions: list[str], **columns: Any) -> list[float]:
-        return get_preset("d1", task).metric(completions, **columns)
-
-    return metric
-
-
 @_rows
 def countdown_eval_metric(completion: str, numbers: Any = None, target: Any = None, **_: Any) -> float:
     return countdown_eval_boxed_first(completion, list(numbers), int(target))
 
 
-def _positive(reward: Callable[..., list[float | None]], threshold: float) -> Callable[..., list[float]]:
+def positive_verdict(reward: Callable[..., list[float | None]], threshold: float) -> Callable[..., list[float]]:
     """The accuracy verdict of a reward: 1.0 where it reaches `threshold` (its correct score)."""
 
     def metric(completions: list[str], **columns: Any) -> list[float]:
@@ -351,101 +312,16 @@ def _positive(reward: Callable[..., list[float | None]], threshold: float) -> Ca
     return metric
 
 
-def _part_verdict(reward: CompositeReward, part: str) -> Callable[..., list[float]]:
+def part_verdict(reward: CompositeReward, part: str) -> Callable[..., list[float]]:
     """1.0 where the named part of a composite reward is positive (its correctness verdict)."""
 
     def metric(completions: list[str], **columns: Any) -> list[float]:
-        reward(completions, **columns)
-        return [1.0 if s is not None and s > 0 else 0.0 for s in reward.last_parts[part]]
+        return [1.0 if s is not None and s > 0 else 0.0 for s in reward.score(completions, **columns).parts[part]]
 
     return metric
 
 
-def _with_prefill(prompt_fn: Callable[[dict[str, Any]], str], prefill: str) -> Callable[[dict[str, Any]], ChatPrompt]:
-    return lambda example: ChatPrompt(user=prompt_fn(example), prefill=prefill)
-
-
-def _question(example: dict[str, Any]) -> str:
-    return str(example["question"])
-
-
-def _espo_sudoku_train(example: dict[str, Any]) -> str:
-    return f"{ESPO_SUDOKU_PROMPT}\n\nNow, solve the following Sudoku puzzle: {example['puzzle']}\n"
-
-
-def _espo_sudoku_eval(example: dict[str, Any]) -> ChatPrompt:
-    """ESPO's (and GDSD's) eval/data_utils.py SudokuDataset: system prompt, the question, "<reasoning>"."""
-    question = f"Solve the following Sudoku puzzle: {example['puzzle']}\n"
-    return ChatPrompt(user=f"{ESPO_SUDOKU_PROMPT}\n\n{question}", prefill="<reasoning>")
-
-
-def _register_espo() -> None:
-    src = "ML-GSAI/ESPO@b5f2dac"
-    sampler = {"gen_length": 256, "block_length": 32, "temperature": 0.9}  # recipes/train.yaml + run_*_llada.sh
-    register_preset(Preset(
-        "espo", "gsm8k", prompt=lambda ex: _question(ex) + _ESPO_BOXED_SUFFIX, reward=espo_gsm8k_reward,
-        metric=_positive(espo_gsm8k_reward, 1.0),
-        source=f"{src} espo/rewards.py:correctness_reward_func_gsm8k, espo/data_utils.py:get_gsm8k_questions",
-        notes={"metric": "reward verdict; the paper evaluates GSM8K with LLaDA's OpenCompass scripts", **sampler}))
-    register_preset(Preset(
-        "espo", "math500", prompt=lambda ex: _question(ex) + _ESPO_BOXED_SUFFIX, reward=espo_math_reward,
-        metric=_positive(espo_math_reward, 1.0),
-        source=f"{src} espo/rewards.py:correctness_reward_func_math, espo/data_utils.py:get_math_questions",
-        notes={"metric": "reward verdict; the paper evaluates MATH with LLaDA's OpenCompass scripts",
-               "answer": "the MATH solution (with \\boxed{}); a bare answer is boxed", **sampler}))
-    register_preset(Preset(
-        "espo", "countdown", prompt=_countdown_user, reward=d1_countdown_reward,
-        metric=countdown_eval_metric, eval_prompt=_with_prefill(_countdown_user, "<reasoning>"),
-        source=f"{src} espo/rewards.py:reward_func_countdown (= d1's), eval/parse_and_get_acc.py",
-        notes={"metric": "eval/parse_and_get_acc.py:parse_countdown_answers", "beta": 3e-3, "epsilon": 0.0}))
-    register_preset(Preset(
-        "espo", "sudoku4x4", prompt=_espo_sudoku_train, reward=d1_sudoku_reward, metric=_d1_metric("sudoku4x4"),
-        eval_prompt=_espo_sudoku_eval,
-        source=f"{src} espo/rewards.py:reward_func_sudoku (= d1's), eval/parse_and_get_acc.py",
-        notes={"metric": "eval/parse_and_get_acc.py:parse_sudoku_answers", "beta": 1e-2}))
-
-
-# ================================================================ SPG (d1's data_utils and rewards)
-D1_SUDOKU_PROMPT = d1_rewards.SUDOKU_INSTRUCTION  # SPG trains on d1's Sudoku instruction
-# SPG's three worked 4x4 examples (spg/data_utils.py short_example_1..3; eval/sudoku.py has the same).
-_SPG_SHOTS = (
-    ("3014002020004130", "R1: 3 0 1 4\nR2: 0 0 2 0\nR3: 2 0 0 0\nR4: 4 1 3 0",
-     "R1 missing 2 → R1C2=2.\nR4 missing 2 → R4C4=2.\nBox D (R3-4,C3-4) then needs {1,4}; column4 can only "
-     "accept 1 → R3C4=1, R3C3=4.\nR3 now missing 3 → R3C2=3.\nColumn1 missing 1 → R2C1=1.\nColumn2 missing 4 "
-     "→ R2C2=4.\nLast cell R2C4=3.", "3214142323414132"),
-    ("0000100420013142", "R1: 0 0 0 0\nR2: 1 0 0 4\nR3: 2 0 0 1\nR4: 3 1 4 2",
-     "Col1 missing 4 → R1C1=4.\nCol4 missing 3 → R1C4=3.\nBox A (R1-2,C1-2) missing {2,3} and R1 now needs "
-     "{1,2} → R1C2=2, R2C2=3.\nR1C3=1.\nR2 now missing 2 → R2C3=2.\nCol2 missing 4 → R3C2=4, then R3C3=3.",
-     "4213132424313142"),
-    ("2001403002001420", "R1: 2 0 0 1\nR2: 4 0 3 0\nR3: 0 2 0 0\nR4: 1 4 2 0",
-     "R1 missing {3,4}; Col2 can't be 1 so R1C2=3 → R1C3=4.\nR4 missing 3 → R4C4=3.\nCol4 missing {2,4}; R2 "
-     "must take 2 → R2C4=2 → R2C2=1.\nCol1 missing 3 → R3C1=3.\nCol3 missing 1 → R3C3=1 → R3C4=4.",
-     "2341413232141423"),
-)
-
-
-def _grid_rows(solution: str) -> str:
-    return "\n".join(f"R{r + 1}: " + " ".join(solution[4 * r:4 * r + 4]) for r in range(4))
-
-
-def spg_sudoku_shots(n: int = 3) -> str:
-    shots = [f"Question:\nSolve the following Sudoku puzzle: {p}\nAnswer:\n<reasoning>\nInterpret puzzle as 4 rows "
-             f"of 4:\n{rows}\n\nFill easy singles:\n{steps}\n\nFinal grid:\n{_grid_rows(sol)}\n</reasoning>\n"
-             f"<answer>\n{sol}\n</answer>" for p, rows, steps, sol in _SPG_SHOTS[:n]]
-    return "\n\n".join(shots)
-
-
-def _spg_sudoku_train(example: dict[str, Any]) -> str:
-    return (f"{D1_SUDOKU_PROMPT}\n\n{spg_sudoku_shots()}\n\nQuestion: Solve the following Sudoku puzzle: "
-            f"{example['puzzle']}\nAnswer:\n")
-
-
-def _spg_sudoku_eval(example: dict[str, Any]) -> ChatPrompt:
-    question = f"Solve the following Sudoku puzzle: {example['puzzle']}\n"
-    return ChatPrompt(user=f"{D1_SUDOKU_PROMPT}\n\n{spg_sudoku_shots()}\n\nQuestion: {question}\nAnswer:\n",
-                      prefill="<reasoning>")
-
-
+# ================================================================ SPG (d1's eval parsers, plus a fallback)
 _SPG_NUMBER = re.compile(r"-?\d+\.?\d*")
 
 
@@ -486,46 +362,7 @@ def spg_gsm8k_metric(completion: str, answer: Any = None, **_: Any) -> float:
     return 1.0 if parsed is not None and parsed == float(hash_gold(answer).replace(",", "")) else 0.0
 
 
-def _d1_eval_prompt(task: str) -> Callable[[dict[str, Any]], "str | ChatPrompt"]:
-    """SPG's eval/{gsm8k,math500,countdown}.py are d1's: d1's evaluation prompt."""
-    return lambda example: get_preset("d1", task).prompt_for_eval(example)
-
-
-def _register_spg() -> None:
-    """SPG's spg/data_utils.py, reward_func.py and eval/ are d1's for GSM8K, MATH and Countdown."""
-    src = "facebookresearch/SPG@a1c7120"
-    register_preset(Preset(
-        "spg", "gsm8k", prompt=d1_rewards.train_prompt_gsm8k, reward=five_function_reward(dotall=False),
-        metric=spg_gsm8k_metric, eval_prompt=_d1_eval_prompt("gsm8k"),
-        source=f"{src} spg/reward_func.py (5 functions), spg/data_utils.py, eval/parse_and_get_acc.py",
-        notes={"metric": "eval/parse_and_get_acc.py:parse_gsm_answers (d1's plus a fallback to the last <answer>)",
-               "eubo_beta": 1.5}))
-    register_preset(Preset(
-        "spg", "math500", prompt=d1_rewards.train_prompt_math500, reward=d1_rewards.math500_reward(),
-        metric=_d1_metric("math500"), eval_prompt=_d1_eval_prompt("math500"),
-        source=f"{src} spg/reward_func.py:correctness_reward_func_math + boxed_and_answer_tags_format_reward",
-        notes={"metric": "eval/parse_and_get_acc.py:parse_math_answers", "eubo_beta": 1.5,
-               "answer": "the MATH solution (with \\boxed{})"}))
-    register_preset(Preset(
-        "spg", "countdown", prompt=d1_rewards.train_prompt_countdown, reward=d1_countdown_reward,
-        metric=_d1_metric("countdown"), eval_prompt=_d1_eval_prompt("countdown"),
-        source=f"{src} spg/reward_func.py:countdown_reward_func, eval/parse_and_get_acc.py",
-        notes={"metric": "eval/parse_and_get_acc.py:parse_countdown_answers (reads the last \\boxed{})",
-               "eubo_beta": 2.0}))
-    register_preset(Preset(
-        "spg", "sudoku4x4", prompt=_spg_sudoku_train, reward=d1_sudoku_reward, metric=_d1_metric("sudoku4x4"),
-        eval_prompt=_spg_sudoku_eval,
-        source=f"{src} spg/data_utils.py:get_sudoku_questions_new(few_shot=3), eval/sudoku.py --few_shot 3",
-        notes={"metric": "eval/parse_and_get_acc.py:parse_sudoku_answers", "few_shot": 3,
-               "train_temperature": 0.3, "eval_temperature": 0.0, "eubo_beta": 1.0, "max_prompt_length": 1500,
-               "data": "dataset/train_sudoku_split_new.csv / test_sudoku_split_new.csv (solution-disjoint; "
-                       "dataset/generate_new_sudoku_splitting.py), not d1's 4x4 files"}))
-
-
 # ================================================================ StableDRL
-_STABLE_BOXED_INSTRUCTION = r"(Please put the final answer in \\boxed{} tag, i.e. $\\boxed{answer here}$)"
-
-
 def anti_short_boxed(text: str, min_total_chars: int = 200, non_boxed_ratio_threshold: float = 0.85) -> float:
     """StableDRL's anti_short_boxed_reward: 0 for a completion under 200 non-space characters that is
     a bare \\boxed{} or mostly one, else 1.0. Its training loop adds it to every task's reward."""
@@ -562,58 +399,11 @@ def stable_drl_countdown(completion: str, numbers: Any = None, target: Any = Non
     return None if numbers is None else stable_drl_countdown_score(completion, list(numbers), int(target))
 
 
-def _stable(correctness: Callable[..., list[float | None]]) -> CompositeReward:
+def stable_drl_reward(correctness: Callable[..., list[float | None]]) -> CompositeReward:
     return CompositeReward([("correctness", correctness, 1.0), ("anti_short_boxed", stable_drl_anti_short_boxed, 1.0)])
 
 
-def _stable_sudoku_prompt(example: dict[str, Any]) -> str:
-    return (f"Solve this 4x4 Sudoku puzzle: {str(example['puzzle']).zfill(16)}. Use 0 for empty cells. Please put "
-            "the reasoning in <reasoning> tags and the solution string in <answer> tags.")
-
-
-def _stable_countdown_prompt(example: dict[str, Any]) -> str:
-    return (f"Given numbers {list(example['numbers'])}, find an equation that equals {example['target']}. Please put "
-            "the reasoning in <reasoning> tags and the final equation in <answer> tags, e.g. <answer> 1 + 1 </answer>.")
-
-
-def _register_stable_drl() -> None:
-    src = "JianyuanZhong/StableDRL@26ad014"
-    sampler = {"gen_length": 256, "block_length": 32, "steps": 128, "temperature": 0.9}  # configs/*_spg_snis.yaml
-    boxed_prompt = lambda ex: _question(ex) + _STABLE_BOXED_INSTRUCTION  # noqa: E731
-    register_preset(Preset(
-        "stable_drl", "gsm8k", prompt=boxed_prompt, reward=_stable(stable_drl_gsm8k_correctness),
-        metric=_positive(stable_drl_gsm8k_correctness, 1.0), eval_prompt=_question,
-        source=f"{src} dataloaders/math.py:reward_mixed + networks/llada_svpo.py:anti_short_boxed_reward",
-        notes={"metric": "math_metrics.py:judge_answer_GSM8K (math-verify on the raw completion)",
-               "prompt": "training appends the boxed instruction (collate_fn_mixed); math_metrics.py evaluates "
-                         "on the raw question", **sampler}))
-    register_preset(Preset(
-        "stable_drl", "math500", prompt=boxed_prompt, reward=_stable(stable_drl_math_correctness),
-        metric=_positive(stable_drl_math_correctness, 1.0),
-        eval_prompt=lambda ex: _question(ex) + _STABLE_BOXED_INSTRUCTION.replace("\\\\", "\\"),
-        source=f"{src} dataloaders/math.py:reward_mixed + networks/llada_svpo.py:anti_short_boxed_reward",
-        notes={"metric": "math_metrics.py:judge_answer_MATH", "answer": "the MATH solution (math-verify "
-               "reads its last \\boxed{})", "train_data": "MATH train, level <= 4 (math_max_level)", **sampler}))
-    register_preset(Preset(
-        "stable_drl", "countdown", prompt=_stable_countdown_prompt, reward=_stable(stable_drl_countdown),
-        metric=_positive(stable_drl_countdown, 1.0),
-        source=f"{src} dataloaders/logic_puzzles.py:reward_countdown + anti_short_boxed_reward",
-        notes={"metric": "reward verdict (StableDRL ships no Countdown evaluation)", **sampler}))
-    register_preset(Preset(
-        "stable_drl", "sudoku4x4", prompt=_stable_sudoku_prompt, reward=_stable(d1_sudoku_reward),
-        metric=d1_sudoku_reward,
-        source=f"{src} dataloaders/logic_puzzles.py:reward_sudoku + anti_short_boxed_reward",
-        notes={"metric": "correct blanks / blanks of the reward (StableDRL ships no Sudoku evaluation)", **sampler}))
-
-
 # ================================================================ GDSD
-GDSD_SUDOKU_PROMPT = (
-    "\nPlease solve the following 4x4 Sudoku puzzle. The puzzle is provided as a 16-character\nstring reading "
-    "left-to-right, top-to-bottom, where '0' represents empty cells.\n\nRules:\n- Fill empty cells with digits 1-4.\n"
-    "- Each row must contain digits 1-4 exactly once.\n- Each column must contain digits 1-4 exactly once.\n"
-    "- Each 2x2 box must contain digits 1-4 exactly once.\n\n" + _SUDOKU_RESPOND)
-
-
 @_rows
 def gdsd_math_correctness(completion: str, answer: Any = None, **_: Any) -> float | None:
     """GDSD's correctness_reward_func_math_xml: the first <answer> tag (else the completion), its last
@@ -642,43 +432,10 @@ def gdsd_boxed_in_answer_format(completion: str, **_: Any) -> float:
     return 0.5 * reward
 
 
-def _gdsd_countdown(example: dict[str, Any]) -> str:
-    return (f"{_REASONING_FORMAT}\nUsing only the numbers {list(example['numbers'])}, create an arithmetic expression "
-            f"that evaluates to exactly {example['target']}. Use every number exactly once. Use +, -, *, and / as "
-            "needed. Put only the final expression inside <answer></answer> tags.")
-
-
-def _register_gdsd() -> None:
-    src = "GaryBall/GDSD@3fb6780"
-    math_reward = CompositeReward([("correctness", gdsd_math_correctness, 1.0),
-                                   ("format", gdsd_boxed_in_answer_format, 1.0)])
-    gsm_reward = five_function_reward(dotall=True)
-    register_preset(Preset(
-        "gdsd", "gsm8k", prompt=lambda ex: _REASONING_FORMAT + "\n\n" + _question(ex), reward=gsm_reward,
-        metric=_part_verdict(five_function_reward(dotall=True), "correctness"),
-        source=f"{src} gdsd/rewards.py (dataset gsm8k_xml: 5 functions), scripts/run_gdsd_llada_gsm8k.sh",
-        notes={"metric": "correctness part; GDSD evaluates GSM8K with lm-eval (math_eval/)",
-               "dataset_name": "gsm8k_xml (its 'gsm8k' is ESPO's reward: the espo preset)",
-               "lr": 3e-6, "beta": 1e-3, "psi": 10.0}))
-    register_preset(Preset(
-        "gdsd", "math500",
-        prompt=lambda ex: (f"{_REASONING_FORMAT}\n\nYou are a math expert. Solve the problem step by step. "
-                           f"Wrap the final answer in a \\boxed{{}}.\n\n{_question(ex)}"),
-        reward=math_reward, metric=_positive(gdsd_math_correctness, 2.0),
-        source=f"{src} gdsd/rewards.py (dataset math_xml), scripts/run_gdsd_llada_math.sh",
-        notes={"metric": "correctness part; GDSD evaluates MATH with lm-eval (math_eval/)",
-               "answer": "the MATH solution (with \\boxed{}); a bare answer is boxed",
-               "lr": 1e-5, "beta": 1e-4, "psi": 10.0}))
-    register_preset(Preset(
-        "gdsd", "countdown", prompt=_gdsd_countdown, reward=d1_countdown_reward, metric=countdown_eval_metric,
-        eval_prompt=_with_prefill(_countdown_user, "<reasoning>"),
-        source=f"{src} gdsd/rewards.py:reward_func_countdown (= d1's), eval/parse_and_get_acc.py",
-        notes={"metric": "eval/parse_and_get_acc.py:parse_countdown_answers"}))
-    register_preset(Preset(
-        "gdsd", "sudoku4x4", prompt=lambda ex: f"{GDSD_SUDOKU_PROMPT}\n\nNow solve this Sudoku puzzle: {ex['puzzle']}\n",
-        reward=d1_sudoku_reward, metric=_d1_metric("sudoku4x4"), eval_prompt=_espo_sudoku_eval,  # ESPO's eval/
-        source=f"{src} gdsd/rewards.py:reward_func_sudoku (= d1's), eval/parse_and_get_acc.py",
-        notes={"metric": "eval/parse_and_get_acc.py:parse_sudoku_answers"}))
+def gdsd_math_reward() -> CompositeReward:
+    """GDSD's MATH reward: correctness x2.0 (in the part) + boxed-in-answer format x0.5 (in the part)."""
+    return CompositeReward([("correctness", gdsd_math_correctness, 1.0),
+                            ("format", gdsd_boxed_in_answer_format, 1.0)])
 
 
 # ================================================================ DiffuCoder
@@ -728,35 +485,6 @@ def diffucoder_code_reward(completions: list[str], *, tests: Any = None, setup: 
     return out
 
 
-def _diffucoder_prompt(example: dict[str, Any]) -> ChatPrompt:
-    question = str(example.get("question") or example.get("text") or "")
-    tests = example.get("tests") or []
-    first = tests[0] if isinstance(tests, (list, tuple)) and tests else None
-    if first is not None and "\n```\n" not in question:
-        question += "\nTest cases: " + str(first)
-    return ChatPrompt(user=question, system="You are a helpful assistant.")
-
-
-def _register_diffucoder() -> None:
-    reward = CompositeReward([("code", diffucoder_code_reward, 2.0), ("code_format", diffucoder_code_format, 0.5)])
-
-    def metric(completions: list[str], **columns: Any) -> list[float]:
-        from ddrl.rewards.code import code_reward
-
-        return [float(s) for s in code_reward(completions, tests=columns.get("tests"), setup=columns.get("setup"))]
-
-    register_preset(Preset(
-        "diffucoder", "mbpp", prompt=_diffucoder_prompt, reward=reward, metric=metric,
-        source="apple/ml-diffucoder@f735e01 src/open_r1/rewards.py:code_reward+get_code_format_reward, "
-               "recipes/config_coupled_code.yaml (weights 2.0, 0.5), src/open_r1/grpo.py:make_conversation",
-        notes={"metric": "all tests pass (ddrl's code extraction); DiffuCoder reports EvalPlus HumanEval/MBPP",
-               "execution": "ddrl sandbox, one module per completion (DiffuCoder: one python3 process per assert)",
-               "train_data": "AceCode-hard (recipes/process_data.py), columns question + test_cases",
-               "model_family": "dream"}))
-
-
-_register_espo()
-_register_spg()
-_register_stable_drl()
-_register_gdsd()
-_register_diffucoder()
+def diffucoder_reward() -> CompositeReward:
+    """DiffuCoder's training reward (recipes/config_coupled_code.yaml): code x2.0 + code_format x0.5."""
+    return CompositeReward([("code", diffucoder_code_reward, 2.0), ("code_format", diffucoder_code_format, 0.5)])

@@ -22,6 +22,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from ddrl.rewards.composite import RewardResult
+
 RewardFn = Callable[..., list[float | None]]
 
 SPLITS = ("train", "dev", "test")
@@ -64,7 +66,7 @@ def split_examples(task: Any, split: str, n: int, seed: int = 0) -> list[dict[st
 
 
 def cluster_keys(task: Any, examples: Sequence[dict[str, Any]]) -> list[Any] | None:
-    """One cluster key per example for the bootstrap (ddrl/eval/stats.py), or None when every
+    """One cluster key per example for the bootstrap (ddrl/stats.py), or None when every
     example is independent. An example whose key is None is a cluster of its own."""
     key = getattr(task, "cluster_key", None)
     keys = [key(e) for e in examples] if callable(key) else [None] * len(examples)
@@ -151,7 +153,7 @@ class Task:
         return split_examples(self, split, n, seed)
 
     def cluster_key(self, example: dict[str, Any]) -> str | None:
-        """What makes examples dependent, for the bootstrap over clusters (ddrl/eval/stats.py): the
+        """What makes examples dependent, for the bootstrap over clusters (ddrl/stats.py): the
         puzzles of one 4x4 Sudoku grid are not independent draws. None = independent examples."""
         return None
 
@@ -163,6 +165,11 @@ class Task:
     def reward(self, completions: list[str], **columns: list[Any]) -> list[float | None]:
         """One score per completion; columns are lists aligned with completions."""
         raise NotImplementedError
+
+    def score(self, completions: list[str], **columns: list[Any]) -> RewardResult:
+        """The reward's scores with its per-part breakdown (the trainer logs each part as
+        reward/<part>). Default: `reward`'s scores, no parts; a task with a CompositeReward gives its parts."""
+        return RewardResult(list(self.reward(completions, **columns)))
 
     def correct(self, completions: list[str], **columns: list[Any]) -> list[bool]:
         """Whether each completion solves its example (the task's accuracy metric): a None or non-finite

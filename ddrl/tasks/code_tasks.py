@@ -141,7 +141,7 @@ def load_humaneval_problems() -> list[dict[str, Any]]:
 @TASKS.register("mbpp")
 class MbppTask(PresetMixin, CodeTask):
     """MBPP (Austin et al. 2021): crowd-sourced Python problems with three asserts each.
-    `preset="diffucoder"` uses DiffuCoder's prompt, reward and metric (ddrl.rewards.peers)."""
+    `preset="diffucoder"` uses DiffuCoder's prompt, reward and metric (ddrl.tasks.presets.diffucoder)."""
 
     name = "mbpp"
 

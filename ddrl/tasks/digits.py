@@ -54,7 +54,7 @@ def class_breakdown(hits: list[bool], labels: list[int],
                     images_by_class: dict[int, list[list[int]]]) -> dict[str, Any]:
     """Per-class prompt following (rate, Wilson 95% interval, n), the weakest class, and per-class
     diversity with its mean and min over classes (classes with < 2 well-formed images are skipped)."""
-    from ddrl.eval.stats import rate_estimate
+    from ddrl.stats import rate_estimate
 
     per_class: dict[str, dict[str, float]] = {}
     for c in sorted(set(labels)):

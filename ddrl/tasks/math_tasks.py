@@ -4,7 +4,7 @@ Prompt: d1's instruction (answer in <reasoning>...</reasoning><answer>...</answe
 question. The prompt is the user message; the model adapter applies its chat template.
 Reward (d1, Zhao et al. 2025): `correctness_weight` (2.0) x math-verify correctness of the
 <answer> (or \\boxed{}) against the gold answer + `format_weight` (0.5) x the soft format check.
-`Task.correct` counts the correctness part only; each part is logged (`task.reward_parts`).
+`Task.correct` counts the correctness part only; each part is logged (`task.score(...).parts`).
 
 - gsm_symbolic: reasoning-gym's GSM-Symbolic templates, split train/dev/test by question hash.
 - gsm8k / math500: local files, `train_path` + `test_path` (JSONL/JSON/CSV/parquet; `path` alone is
@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddrl.registry import TASKS
-from ddrl.rewards.composite import CompositeReward
+from ddrl.rewards.composite import CompositeReward, RewardResult
 from ddrl.rewards.format import soft_format_reward
 from ddrl.rewards.math import gold_answer, math_correctness_reward
 from ddrl.tasks import ReasoningGymTask, check_format
@@ -44,21 +44,22 @@ class MathRewardMixin:
     def _init_reward(self, correctness_weight: float, format_weight: float) -> None:
         self._reward = CompositeReward([("correctness", math_correctness_reward, correctness_weight),
                                         ("format", soft_format_reward, format_weight)])
-        self._last_scored: tuple[Any, ...] | None = None
+        self._last_scored: tuple[tuple[Any, ...], RewardResult] | None = None
+
+    def score(self, completions: list[str], **columns: Any) -> RewardResult:
+        result = self._reward.score(completions, **columns)
+        self._last_scored = ((list(completions), list(columns.get("answer") or [])), result)
+        return result
 
     def reward(self, completions: list[str], **columns: Any) -> list[float | None]:
-        self._last_scored = (list(completions), list(columns.get("answer") or []))
-        return self._reward(completions, **columns)
-
-    @property
-    def reward_parts(self) -> dict[str, list[float | None]]:
-        """Each part's scores of the last reward call (the trainer logs them as reward/<part>)."""
-        return self._reward.last_parts
+        return self.score(completions, **columns).scores
 
     def correct(self, completions: list[str], **columns: Any) -> list[bool]:
-        if self._last_scored != (list(completions), list(columns.get("answer") or [])):
-            self.reward(completions, **columns)  # evaluation calls reward then correct: verify once
-        return [s is not None and s >= 1.0 for s in self._reward.last_parts["correctness"]]
+        key = (list(completions), list(columns.get("answer") or []))
+        # evaluation calls reward then correct on the same completions: verify once
+        result = self._last_scored[1] if self._last_scored and self._last_scored[0] == key else self.score(
+            completions, **columns)
+        return [s is not None and s >= 1.0 for s in result.parts["correctness"]]
 
 
 @TASKS.register("gsm_symbolic")

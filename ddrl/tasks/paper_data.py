@@ -40,6 +40,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ddrl.rewards.composite import RewardResult, score_parts
 from ddrl.tasks.base import Task, held_out_sample, is_test_key, split_fixed_rows, train_cycle
 from ddrl.tasks.data import resolve_data_path
 from ddrl.tasks.presets import Preset, get_preset
@@ -338,9 +339,7 @@ class PresetMixin:
             return super().correct(completions, **columns)  # type: ignore[misc]
         return [m >= 1.0 for m in self.metric(completions, **columns)]
 
-    @property
-    def reward_parts(self) -> dict[str, list[float | None]] | None:
-        """Each part's scores of the last reward call, for the trainer's reward/<part> logs."""
+    def score(self, completions: list[str], **columns: Any) -> RewardResult:
         if self.preset is None:
-            return getattr(super(), "reward_parts", None)
-        return getattr(self.preset.reward, "last_parts", None)
+            return super().score(completions, **columns)  # type: ignore[misc]
+        return score_parts(self.preset.reward, completions, **columns)

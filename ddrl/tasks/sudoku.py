@@ -8,7 +8,7 @@ dev and test splits are made of grids that no train puzzle has (hash of the solu
 `holdout="puzzle"` only keeps the puzzles themselves apart (see ddrl/tasks/__init__.py). With
 test_fraction 0.1, holdout="solution" gives train 265 grids, dev 10, test 13
 (tests/unit/test_splits.py counts them). Puzzles of one grid are not independent examples, so
-`cluster_key` is the solution grid: intervals bootstrap over grids (ddrl/eval/stats.py).
+`cluster_key` is the solution grid: intervals bootstrap over grids (ddrl/stats.py).
 
 Formats:
 - compact (built-in tiny models): prompt = the grid row-major, one char per cell, "." for a blank,

@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ddrl.registry import TASKS
+from ddrl.rewards.composite import RewardResult, score_parts
 from ddrl.tasks.base import Task
 from ddrl.tasks.paper_data import DEFAULT_DEV_FRACTION, DataSource, FileTask
 
@@ -106,9 +107,8 @@ class TextToImageTask(FileTask):
     def reward(self, completions: list[str], **columns: Any) -> list[float | None]:
         return self._reward(completions, **columns)
 
-    @property
-    def reward_parts(self) -> dict[str, list[float | None]] | None:
-        return getattr(self._reward, "last_parts", None)
+    def score(self, completions: list[str], **columns: Any) -> RewardResult:
+        return score_parts(self._reward, completions, **columns)
 
 
 @TASKS.register("text_to_image")

@@ -100,7 +100,7 @@ class TrainingEvaluation:
                               output_jsonl=samples_path, split=split, shard=self.dist.enabled)
         self._last_result = {"step": step, "split": split,
                              **{k: result[k] for k in ("n", "accuracy", "accuracy_interval", "mean_reward")}}
-        lo, hi = result["accuracy_interval"]  # 95% (ddrl.eval.stats.score_estimate)
+        lo, hi = result["accuracy_interval"]  # 95% (ddrl.stats.score_estimate)
         metrics = {f"{tag}/accuracy": result["accuracy"], f"{tag}/accuracy_lo": lo, f"{tag}/accuracy_hi": hi,
                    f"{tag}/mean_reward": result["mean_reward"]}
         if "breakdown" in result:  # a task's eval_breakdown (digits: per-class rate, diversity)

@@ -33,7 +33,7 @@ SHIPPED = {
     "digits-ursa": ("configs/pretrain/digits_ursa.yaml", {}, 1000),  # an URSA pipeline folder; sampled at T=1
     "countdown-block": ("configs/pretrain/countdown_block.yaml", {}, 1000),
 }
-# How a card names its interval (ddrl.eval.stats.Estimate.method); {} = the number of clusters.
+# How a card names its interval (ddrl.stats.Estimate.method); {} = the number of clusters.
 INTERVAL_WORDS = {"wilson": "Wilson", "cluster_bootstrap_or_wilson": "the wider of Wilson's and a bootstrap over {} "
                   "solution grids", "cluster_bootstrap": "bootstrap over {} clusters", "bootstrap": "bootstrap"}
 # Also scored with these few sampler steps (parallel decoding), where RL has room to improve it.

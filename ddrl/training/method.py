@@ -11,19 +11,22 @@ method needs is stated in one place and checked at start-up:
     method.count_rows(b) / row_chunks(b, n)             an estimator's own training rows (TraceRL, UniGRPO)
     method.mask_seed_iteration(k)                       which inner iteration's masks iteration k uses
     method.prepare(batch)                               per-rollout inputs (DACA's token weights)
-    method.loss(mb, new, old, ref, counts)              objective + DiPOD's ELBO regulariser
-    method.moe_aux_loss_coef                            the routers' balance loss weight (the trainer adds it)
+    method.loss(mb, new, old, ref, counts)              objective + the config's loss terms (ddrl.training.loss_terms)
+    method.recorder(model)                              the context the loss forwards run in (a term's recording)
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ContextManager
+
+from torch import nn
 
 from ddrl.config import RLConfig
 from ddrl.objectives.base import Objective
 from ddrl.registry import ESTIMATORS, OBJECTIVES
+from ddrl.training.loss_terms import ElboTerm, LossTerm, RouterBalanceTerm, recorder
 from ddrl.types import COMMIT_ORDER, EstimatorOutput, LossOutput, RolloutBatch
 
 INVALID_REWARDS = ("drop", "zero")
@@ -47,14 +50,11 @@ class Method:
     objective: Objective
     estimator: Any  # an ESTIMATORS instance: estimator(model, batch, seed) -> EstimatorOutput
     advantage: AdvantageSpec
-    elbo_reg: float = 0.0  # DiPOD's on-policy ELBO regulariser weight λ added to the loss (0 = off)
     fresh_masks: bool = False  # a new estimator-mask seed for every pass (StableDRL)
     reuse_masks: bool = False  # every inner iteration uses iteration 0's masks (DiPOD as released)
-    moe_aux_loss_coef: float = 0.0  # weight of the routers' balance loss (ddrl.models.moe_balance; 0 = off)
+    terms: tuple[LossTerm, ...] = ()  # added to the objective's loss (DiPOD's ELBO term, the routers' balance)
 
     def __post_init__(self) -> None:
-        if self.moe_aux_loss_coef < 0:
-            raise ValueError(f"method.moe_aux_loss_coef={self.moe_aux_loss_coef} must be >= 0 (0 = off)")
         if self.fresh_masks and self.reuse_masks:
             raise ValueError("method.fresh_masks and method.reuse_masks exclude each other: fresh masks draw new "
                              "masks for every pass, reused masks keep iteration 0's; set one of them to false")
@@ -87,8 +87,7 @@ class Method:
     def skip_safe(self) -> bool:
         """Every loss term is multiplied by the row's advantage: a group whose advantages are all 0
         carries no gradient and may be left out of the update."""
-        return (self.objective.advantage_weighted and self.objective.kl_weight == 0.0 and self.elbo_reg == 0.0
-                and self.moe_aux_loss_coef == 0.0)
+        return self.objective.advantage_weighted and self.objective.kl_weight == 0.0 and not self.terms
 
     def mask_seed_iteration(self, k: int) -> int:
         """The inner iteration whose mask seed iteration k uses."""
@@ -127,14 +126,19 @@ class Method:
 
     def loss(self, batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutput | None,
              ref: EstimatorOutput | None, counts) -> LossOutput:
-        from ddrl.objectives.dipod import add_elbo_regulariser
-
         out = self.objective(batch, new, old, ref, counts=counts)
-        return add_elbo_regulariser(out, batch, new, self.elbo_reg, counts)
+        loss, stats = out.loss, dict(out.stats)
+        for term in self.terms:
+            added, stats[term.name] = term(batch, new, counts)
+            loss = loss + added
+        return LossOutput(loss, stats) if self.terms else out
+
+    def recorder(self, model: nn.Module) -> ContextManager[Any]:
+        """The context each micro-batch's loss forwards run in, for the terms that read them."""
+        return recorder(self.terms, model)
 
     def describe(self) -> str:
-        reg = f" + λ·mean(-ELBO), λ = {self.elbo_reg:g}" if self.elbo_reg else ""
-        return f"{self.objective.formula}{reg}"
+        return " + ".join([self.objective.formula] + [f"{t.formula}, weight {t.weight:g}" for t in self.terms])
 
 
 def build_method(cfg: RLConfig) -> Method:
@@ -142,11 +146,6 @@ def build_method(cfg: RLConfig) -> Method:
     m = cfg.method
     cls = OBJECTIVES.get(m.objective)
     args = dict(m.objective_args)
-    if m.ratio_noise:
-        if "ratio_noise_std" not in {f.name for f in dataclasses.fields(cls)}:
-            raise ValueError(f"method.ratio_noise is set but objective {m.objective!r} has no ratio to perturb; "
-                             f"use it with stable_drl, espo, fpo or a token-level objective such as grpo")
-        args["ratio_noise_std"] = m.ratio_noise
     elbo_reg = m.elbo_reg
     if "elbo_reg" in {f.name for f in dataclasses.fields(cls)}:
         # DiPOD's loss is FPO's plus this regulariser, so λ is its own field and it adds the term
@@ -175,5 +174,7 @@ def build_method(cfg: RLConfig) -> Method:
     )
     fresh = objective.fresh_masks if m.fresh_masks is None else m.fresh_masks
     reuse = objective.reuse_masks if m.reuse_masks is None else m.reuse_masks
-    return Method(objective, estimator, advantage, elbo_reg=elbo_reg, fresh_masks=bool(fresh), reuse_masks=bool(reuse),
-                  moe_aux_loss_coef=float(m.moe_aux_loss_coef))
+    terms: list[LossTerm] = [ElboTerm(elbo_reg)] if elbo_reg else []
+    if m.moe_aux_loss_coef:
+        terms.append(RouterBalanceTerm(float(m.moe_aux_loss_coef)))
+    return Method(objective, estimator, advantage, fresh_masks=bool(fresh), reuse_masks=bool(reuse), terms=tuple(terms))

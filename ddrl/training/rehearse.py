@@ -49,6 +49,7 @@ from unittest import mock
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ddrl.rewards.composite import RewardResult
 from ddrl.training.memory import DEFAULT_PROMPT_TOKENS, GB, PLACEHOLDER_SHAPES, ModelShape
 
 aten = torch.ops.aten
@@ -196,6 +197,9 @@ class StandInTask:
 
     def reward(self, completions: list[Any], **_columns: Any) -> list[float]:
         return [float(i % 2) for i in range(len(completions))]
+
+    def score(self, completions: list[Any], **columns: Any) -> RewardResult:
+        return RewardResult(list(self.reward(completions, **columns)))
 
 
 def prompt_of_width(tokenizer: Any, tokens: int) -> str:

@@ -44,7 +44,6 @@ from ddrl.config import RLConfig, load_config, save_config, task_kwargs
 from ddrl.data import (check_modality, completion_mask, is_stop, model_stop_ids, pad_prompts, prompt_budget,
                        task_completions, tokenize_prompts, truncate_prompts)
 from ddrl.models.contract import model_view
-from ddrl.models.moe_balance import RouterBalance
 from ddrl.objectives import AggregationCounts, compute_advantages
 from ddrl.objectives.base import COUNTED_STATS
 from ddrl.processes.draws import RowGenerators
@@ -145,8 +144,8 @@ class Trainer:
         self.ref_model = self._make_reference() if self.method.needs_ref else None
         self.wrapped = self._place_models(cfg.model.mixed_precision)
         self.policy = ModelHandle(self.wrapped, self.model)
-        # the routers' balance loss, recorded around each micro-batch's loss forwards (method.moe_aux_loss_coef)
-        self.balance = RouterBalance(self.model) if self.method.moe_aux_loss_coef else contextlib.nullcontext()
+        # what the method's loss terms record around each micro-batch's loss forwards (the routers' balance)
+        self.balance = self.method.recorder(self.model)
         self.autocast = compute_context(self.device, cfg.model.mixed_precision, self.strategy)
         sharded = t.sharded_checkpoints
         self.sharded_checkpoints = self.strategy == "fsdp" if sharded == "auto" else bool(sharded)
@@ -431,8 +430,8 @@ class Trainer:
     def score(self, batch: RolloutBatch) -> None:
         examples = batch.extras.pop("examples")
         columns = {c: [ex.get(c) for ex in examples] for c in examples[0] if c != "prompt"}
-        rewards = self.task.reward(batch.completions, **columns, **batch.extras.pop("reward_inputs", {}))
-        values = [float("nan") if r is None else float(r) for r in rewards]
+        scored = self.task.score(batch.completions, **columns, **batch.extras.pop("reward_inputs", {}))
+        values = [float("nan") if r is None else float(r) for r in scored.scores]
         batch.rewards = torch.tensor(values, dtype=torch.float32, device=self.device)
         batch.extras["reward_failed"] = ~torch.isfinite(batch.rewards)  # [B] the reward itself gave None/NaN
         truncated = self.cfg.train.truncated_reward
@@ -446,9 +445,8 @@ class Trainer:
         batch.extras["reward_invalid"] = invalid  # [B] for reward/invalid_frac, before "zero" makes them 0
         # "drop": excluded from the group, no loss; "zero": a reward of 0 like any other (d1, wd1)
         batch.rewards[invalid] = 0.0 if self.method.advantage.invalid == "zero" else float("nan")
-        parts = getattr(self.task, "reward_parts", None) or getattr(getattr(self.task, "reward", None), "last_parts", None)
-        if isinstance(parts, dict):
-            batch.extras["reward_parts"] = {k: nanmean(v) for k, v in parts.items()}
+        if scored.parts:
+            batch.extras["reward_parts"] = {k: nanmean(v) for k, v in scored.parts.items()}
 
     def _no_valid_reward(self, batch: RolloutBatch) -> bool:
         """Whether the reward gave None/NaN for every completion of the step, on every rank (a
@@ -532,10 +530,6 @@ class Trainer:
                                     new.detach() if self.objective.needs_old else None)
                                 out = self.method.loss(mb, new, o, ref[k][m][j], counts[m])
                                 loss, stats = out.loss, out.stats
-                                if self.method.moe_aux_loss_coef:  # a mean over the step's micro-batches and ranks
-                                    aux = self.balance.loss()
-                                    coef = self.method.moe_aux_loss_coef / (len(share) * self.dist.world_size)
-                                    loss, stats = loss + coef * aux, {**stats, "moe_aux_loss": aux}
                         (loss * self.dist.world_size).backward()  # DDP averages; we want the global sum
                     total = total + loss.detach().float()
                     real[u] += 0 if padding else 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ddrl.config import RLConfig, load_config
+from ddrl.training.loss_terms import ElboTerm
 from ddrl.training.method import build_method
 from ddrl.training.trainer import Trainer
 from tests.integration.conftest import ROOT, rl_overrides
@@ -113,9 +114,9 @@ def test_method_is_typed_and_read_once():
     assert method.advantage.std == "population" and method.advantage.invalid == "drop"
     cfg = load_config(ROOT / "configs/rl/dipod_mini_sudoku.yaml", ["method.elbo_reg=0.2"], RLConfig)
     method = build_method(cfg)
-    assert method.objective.elbo_reg == 0.2 and method.elbo_reg == 0.0  # one regulariser, DiPOD's own field
+    assert method.objective.elbo_reg == 0.2 and method.terms == ()  # one regulariser, DiPOD's own field
     cfg = load_config(ROOT / "configs/rl/spg_mini_sudoku.yaml", ["method.elbo_reg=0.1"], RLConfig)
-    assert build_method(cfg).elbo_reg == 0.1 and not build_method(cfg).skip_safe
+    assert build_method(cfg).terms == (ElboTerm(0.1),) and not build_method(cfg).skip_safe
 
 
 def test_group_filter_and_truncated_reward(tiny_sudoku_model, tmp_path):

@@ -62,11 +62,12 @@ def test_reward_matches_d1_functions(task, answer_key):
     rows = _json("rewards.json")[task]
     preset = get_preset("d1", task)
     totals = preset.reward([r["completion"] for r in rows], **_columns(task, rows, answer_key))
+    parts = preset.reward.score([r["completion"] for r in rows], **_columns(task, rows, answer_key)).parts
     weights = preset.reward.weights
     assert list(weights) == PARTS[task]
     for i, row in enumerate(rows):
         for name in PARTS[task]:
-            got = preset.reward.last_parts[name][i] * weights[name]
+            got = parts[name][i] * weights[name]
             assert got == row["scores"][name], (name, row["completion"], got, row["scores"][name])
         assert totals[i] == sum(row["scores"][name] for name in PARTS[task]), row["completion"]
 

@@ -38,8 +38,8 @@ def test_image_rewards_weigh_into_a_composite(clip_dir):
     pick = pickscore_reward(clip_dir)
     brightness = lambda completions, images=None, **_: images.mean(dim=(1, 2, 3)).tolist()  # noqa: E731
     composite = CompositeReward([("pickscore", pick, 2.0), ("brightness", brightness, 0.5)])
-    total = composite(["", ""], images=images, prompt=["a cat", "a dog"])
-    parts = composite.last_parts
+    scored = composite.score(["", ""], images=images, prompt=["a cat", "a dog"])
+    total, parts = scored.scores, scored.parts
     for i in range(2):
         assert total[i] == pytest.approx(2.0 * parts["pickscore"][i] + 0.5 * parts["brightness"][i])
 

@@ -312,13 +312,15 @@ def test_fpo_and_dipod_hand_computed():
     assert fpo.loss.item() == pytest.approx(1.1 / 4 + 0.04 * 0.75, abs=1e-6)
     dipod = objective("dipod")(batch, new, old, ref, counts=counts_of(batch))
     assert dipod.loss.item() == pytest.approx(1.1 / 4 + 0.04 * 0.75 + 0.05 * 2.5, abs=1e-6)
-    # method.elbo_reg adds the same term to any objective, through the Method (one implementation)
+    # method.elbo_reg adds the same term to any objective, as a loss term of the Method (one implementation)
+    from ddrl.training.loss_terms import ElboTerm
     from ddrl.training.method import AdvantageSpec, Method
 
     adv = AdvantageSpec("mean", "sample", 1e-4, None, "drop")
-    fpo_reg = Method(objective("fpo"), None, adv, elbo_reg=0.05).loss(batch, new, old, ref, counts_of(batch))
+    fpo_reg = Method(objective("fpo"), None, adv, terms=(ElboTerm(0.05),)).loss(batch, new, old, ref, counts_of(batch))
     assert fpo_reg.loss.item() == pytest.approx(dipod.loss.item())
-    spg_reg = Method(objective("spg"), None, adv, elbo_reg=0.1)
+    assert fpo_reg.stats["elbo_reg"].item() == pytest.approx(2.5)
+    spg_reg = Method(objective("spg"), None, adv, terms=(ElboTerm(0.1),))
     spg_out = spg_reg.loss(batch, est(elbo=ELBO, eubo=EUBO), None, None, counts_of(batch))
     plain = objective("spg")(batch, est(elbo=ELBO, eubo=EUBO), None, None, counts=counts_of(batch))
     assert spg_out.loss.item() == pytest.approx(plain.loss.item() + 0.1 * 2.5, abs=1e-6)

@@ -152,8 +152,8 @@ def test_preset_reads_the_gsm8k_answer_as_written(tmp_path):
     (ex,) = task.all_test_examples()
     assert ex["answer"] == row["answer"]
     texts = [f"<reasoning>\nadd\n</reasoning>\n<answer>\n{a}\n</answer>\n" for a in ("1,000", "1000")]
-    task.reward(texts, **columns_of([ex, ex]))
-    assert task.reward_parts["correctness"] == [1.0, 0.0]  # d1: answer == extract_hash_answer(solution)
+    parts = task.score(texts, **columns_of([ex, ex])).parts
+    assert parts["correctness"] == [1.0, 0.0]  # d1: answer == extract_hash_answer(solution)
 
 
 # --------------------------------------------------------------------------- countdown

@@ -1,4 +1,5 @@
-"""The peer presets (ddrl/rewards/peers.py) against the peers' own reward, metric and prompt code.
+"""The peer presets (ddrl/tasks/presets/<paper>.py; their rewards: ddrl/rewards/peers.py) against the
+peers' own reward, metric and prompt code.
 
 tests/fixtures/peer_rewards/<paper>.json holds the scores and prompts that ESPO's, SPG's, StableDRL's,
 GDSD's and DiffuCoder's own functions gave on fixed completions (tests/fixtures/make_peer_rewards.py,
@@ -62,9 +63,10 @@ def test_reward_matches_peer(paper: str, task: str) -> None:
     preset = get_preset(paper, task)
     got = preset.reward(rec["completions"], **rec["columns"])
     assert_scores(got, rec["reward"], f"{paper}/{task} reward", known(paper, task))
+    parts = preset.reward.score(rec["completions"], **rec["columns"]).parts if rec.get("parts") else {}
     for part, want in rec.get("parts", {}).items():  # each logged part, not only the sum
         weight = preset.reward.weights[part]  # the peer's scores are weighted (d1's parts are not)
-        got_part = [None if v is None else weight * v for v in preset.reward.last_parts[part]]
+        got_part = [None if v is None else weight * v for v in parts[part]]
         assert_scores(got_part, want, f"{paper}/{task} part {part}", known(paper, task))
 
 
@@ -146,12 +148,13 @@ def test_diffucoder_reward_matches_peer() -> None:
     requires one on the test machine)."""
     rec = load("diffucoder")["tasks"][0]
     preset = get_preset("diffucoder", "mbpp")
-    got = preset.reward(rec["completions"], **rec["columns"])
+    scored = preset.reward.score(rec["completions"], **rec["columns"])
+    got, parts = scored.scores, scored.parts
     exits_zero = rec["completions"].index("```python\nimport sys\ndef add(a, b):\n    sys.exit(0)\n```\n")
     assert_scores(got, rec["reward"], "diffucoder/mbpp reward", {exits_zero})
-    assert_scores(preset.reward.last_parts["code_format"], rec["parts"]["code_format"], "code_format")
-    assert_scores(preset.reward.last_parts["code"], rec["parts"]["code"], "code", {exits_zero})
-    assert rec["parts"]["code"][exits_zero] == 1.0 and preset.reward.last_parts["code"][exits_zero] == 0.0, EXIT_ZERO
+    assert_scores(parts["code_format"], rec["parts"]["code_format"], "code_format")
+    assert_scores(parts["code"], rec["parts"]["code"], "code", {exits_zero})
+    assert rec["parts"]["code"][exits_zero] == 1.0 and parts["code"][exits_zero] == 0.0, EXIT_ZERO
     prompt = preset.prompt({"text": "Write add.", "tests": ["assert add(1, 2) == 3"]})
     assert prompt == ChatPrompt(user="Write add.\nTest cases: assert add(1, 2) == 3", system="You are a helpful assistant.")
 

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddrl.rewards import (CompositeReward, boxed_reward, d1_math_reward, extract_answer, extract_boxed,
-                          math_correctness_reward, per_completion, soft_format_reward, strict_format_reward)
+from ddrl.rewards import (CompositeReward, RewardResult, boxed_reward, d1_math_reward, extract_answer, extract_boxed,
+                          math_correctness_reward, per_completion, score_parts, soft_format_reward,
+                          strict_format_reward)
 from ddrl.rewards.format import has_soft_format, has_strict_format
 from ddrl.rewards.image import digits_classifier_accuracy, digits_classifier_reward, prompt_following
 from ddrl.rewards.math import gold_answer, math_correct
@@ -135,12 +136,16 @@ def test_composite_reward_weighted_sum_and_parts():
     short = lambda cs, **_: [1.0]  # noqa: E731
     reward = CompositeReward([("a", a, 2.0), ("b", b, 0.5)])
     assert reward(["a", "b", ""]) == [2.25, 0.25, 0.0]
-    assert reward.last_parts == {"a": [1.0, 0.0, 0.0], "b": [0.5, 0.5, None]}
+    scored = reward.score(["a", "b", ""])
+    assert scored == RewardResult([2.25, 0.25, 0.0], {"a": [1.0, 0.0, 0.0], "b": [0.5, 0.5, None]})
+    assert not hasattr(reward, "last_parts")  # the parts come back with the scores, not as state
+    assert score_parts(a, ["a", "b"]) == RewardResult([1.0, 0.0], {})  # a plain reward function has no parts
     only_b = CompositeReward([("b", b, 1.0)])
     assert only_b([""]) == [None]
     guarded = CompositeReward([("a", a, 1.0), ("broken", broken, 1.0), ("short", short, 3.0)])
     assert guarded(["a", "a"]) == [4.0, 1.0]
-    assert guarded.last_parts["broken"] == [0.0, 0.0] and guarded.last_parts["short"] == [1.0, None]
+    parts = guarded.score(["a", "a"]).parts
+    assert parts["broken"] == [0.0, 0.0] and parts["short"] == [1.0, None]
     with pytest.raises(ValueError, match="unique"):
         CompositeReward([("a", a, 1.0), ("a", b, 1.0)])
 
@@ -149,7 +154,7 @@ def test_d1_preset_values():
     reward = d1_math_reward()
     texts = [GOOD, "<answer>42</answer>", "<reasoning>\nx\n</reasoning>\n<answer>\n41\n</answer>", "junk"]
     assert reward(texts, answer=["42"] * 4) == [2.5, 2.0, 0.5, 0.0]
-    assert reward.last_parts["correctness"] == [1.0, 1.0, 0.0, 0.0]
+    assert reward.score(texts, answer=["42"] * 4).parts["correctness"] == [1.0, 1.0, 0.0, 0.0]
     assert reward.weights == {"correctness": 2.0, "format": 0.5}
 
 

@@ -1,4 +1,4 @@
-"""Interval statistics (ddrl/eval/stats.py) against published values and known distributions, not
+"""Interval statistics (ddrl/stats.py) against published values and known distributions, not
 against the module's own formulas: Wilson intervals from Newcombe (1998), bootstrap coverage on
 data whose mean is known, the cluster bootstrap on correlated clusters."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ddrl.eval.stats import (Estimate, bootstrap_interval, gain_estimate, mean_estimate, normal_quantile,
+from ddrl.stats import (Estimate, bootstrap_interval, gain_estimate, mean_estimate, normal_quantile,
                              paired_bootstrap_diff, rate_estimate, score_estimate, wilson_interval)
 
 # Newcombe (1998), "Two-sided confidence intervals for the single proportion", Statistics in

@@ -231,7 +231,7 @@ def test_gsm_symbolic_reward_and_correct():
     wrong = [f"<reasoning>\nwork\n</reasoning>\n<answer>\n{e['answer']}1\n</answer>" for e in examples]
     bare = [f"The answer is {e['answer']}" for e in examples]
     assert task.reward(good, **cols) == [2.5] * 3
-    assert task.reward_parts == {"correctness": [1.0] * 3, "format": [1.0] * 3}
+    assert task.score(good, **cols).parts == {"correctness": [1.0] * 3, "format": [1.0] * 3}
     assert task.reward(wrong, **cols) == [0.5] * 3
     assert task.reward(bare, **cols) == [2.0] * 3
     tripled = {k: v * 3 for k, v in cols.items()}

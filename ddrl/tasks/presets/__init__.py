@@ -12,14 +12,15 @@ paper to paper. A preset bundles the three for one (paper, task) pair:
     preset.reward(completions, **columns)  # list[float | None], the training reward
     preset.metric(completions, **columns)  # list[float], per-item accuracy as the paper scores it
 
-Presets register themselves from the modules that implement them (ddrl.rewards.d1, ddrl.rewards.peers),
-imported on first lookup. Columns are the task's example columns: gsm8k/math500 "question", "answer";
-countdown "numbers", "target"; sudoku4x4 "puzzle", "solution".
+Each paper's presets live in this package, one module a paper (d1, espo, spg, stable_drl, gdsd,
+diffucoder); they register themselves when imported, on the first lookup. Their reward and metric
+functions are plain functions in ddrl/rewards/ (d1.py, peers.py), which never import tasks.
+Columns are the task's example columns: gsm8k/math500 "question", "answer"; countdown "numbers",
+"target"; sudoku4x4 "puzzle", "solution".
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -29,7 +30,6 @@ PromptFn = Callable[[dict[str, Any]], "str | ChatPrompt"]
 ScoreFn = Callable[..., list[Any]]
 
 _PRESETS: dict[tuple[str, str], "Preset"] = {}
-_MODULES = ("ddrl.rewards.d1", "ddrl.rewards.peers")  # where the presets are implemented
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,8 @@ def register_preset(preset: Preset) -> Preset:
 
 
 def _load_all() -> None:
-    for module in _MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:  # a preset module not written yet is not an error
-            if e.name != module:
-                raise
+    # On first lookup, not at import: each paper module imports this one for `Preset` and `register_preset`.
+    from ddrl.tasks.presets import d1, diffucoder, espo, gdsd, spg, stable_drl  # noqa: F401
 
 
 def get_preset(paper: str, task: str) -> Preset:
