@@ -336,7 +336,7 @@ def _task_kwargs(items: list[str]) -> dict[str, Any]:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from ddrl.eval import default_sampler, evaluate
-    from ddrl.models.contract import model_view
+    from ddrl.contract import model_view
     from ddrl.sampling.checks import FLAGS, check_sampler
     from ddrl.tasks import get_task
 
@@ -393,7 +393,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from ddrl.data import (check_modality, decode_completions, encode_prompts, model_modalities, model_stop_ids,
                            prompt_budget)
     from ddrl.eval.runner import default_sampler
-    from ddrl.models.contract import model_view
+    from ddrl.contract import model_view
     from ddrl.registry import SAMPLERS
     from ddrl.sampling.base import sample_in_chunks
     from ddrl.sampling.checks import FLAGS, check_sampler
@@ -436,7 +436,7 @@ def _image_grid(model: Any, gen_length: int | None) -> tuple[int, int]:
     """(h, w) image codes per sample: the model's image_shape, else a square of --gen-length codes."""
     import math
 
-    from ddrl.models.contract import model_view
+    from ddrl.contract import model_view
 
     grid = model_view(model).image_grid
     shape = None if grid is None else grid.image_shape

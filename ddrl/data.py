@@ -29,6 +29,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from ddrl.contract import CapabilityError, model_view
+
 
 class ChatPrompt(Protocol):
     """What this module reads of a chat prompt. ddrl.data sits below ddrl.tasks, so it names the
@@ -71,8 +73,6 @@ def prompt_budget(model: Any, sampler: Any, option: str = "rollout.max_prompt_le
     sampler.max_prompt_length fits in it: a cut that still leaves prompts too long is refused here,
     before any compute, not at the first long prompt. option, length_option: the settings' names
     in the caller's words (a config key, or `ddrl eval`'s flags)."""
-    from ddrl.models.contract import model_view  # ddrl.models imports this module
-
     max_seq_len = model_view(model).max_seq_len
     if not max_seq_len:
         return None
@@ -180,8 +180,6 @@ def as_stop_ids(ids: int | Iterable[int] | None) -> tuple[int, ...]:
 
 def model_stop_ids(model: Any) -> tuple[int, ...]:
     """The ids that end a completion: model.stop_token_ids, else (model.eos_token_id,), else ()."""
-    from ddrl.models.contract import model_view  # ddrl.models imports this module
-
     view = model_view(model)
     ids = view.stop_token_ids
     return as_stop_ids(ids if ids is not None else view.eos_token_id)
@@ -322,8 +320,6 @@ MODALITY_FIXES = {
 
 def model_modalities(model: Any) -> tuple[str, ...]:
     """What a model's completions can be, of MODALITIES: ("text",), ("image",) or ("text", "image")."""
-    from ddrl.models.contract import model_view  # ddrl.models imports this module
-
     view = model_view(model)
     image = view.image_codec is not None
     codes_only = image and view.logits_range is not None and tuple(view.logits_range) == tuple(view.image_token_range)
@@ -333,8 +329,6 @@ def model_modalities(model: Any) -> tuple[str, ...]:
 def check_modality(model: Any, task: Any) -> None:
     """Refuse, before any compute, a task whose completions the model cannot generate: the modality, and
     an image task's grid where the model knows its own (the comment above)."""
-    from ddrl.models.contract import model_view  # ddrl.models imports this module
-
     wanted, name = task_modality(task), getattr(task, "name", type(task).__name__)
     family = model_view(model).family or type(model).__name__
     offered = model_modalities(model)
@@ -363,8 +357,6 @@ def decode_image_ids(model: Any, completion_ids: Tensor, grid: tuple[int, int]) 
     """[n, h*w] image-token ids -> [n, 3, H, W] float32 pixels in [0, 1] through the model's decoder.
 
     The model's image tokens are ids image_token_range = (first, end): code c is id first + c."""
-    from ddrl.models.contract import CapabilityError, model_view  # ddrl.models imports this module
-
     view = model_view(model)
     codec = view.image_codec
     if codec is None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddrl.config import RLConfig, load_config
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 
 if TYPE_CHECKING:
     from ddrl.stats import Estimate

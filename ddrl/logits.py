@@ -8,7 +8,7 @@ positions it scores and the model computes only those:
     logits = kept_logits(model, ids, mask, logits_to_keep=positions)  # [B, K, V]: those positions
     logits = kept_logits(model, ids, mask, logits_to_keep=per_row)    # [B, K, V]: per_row [B, K], row b's own
 
-A model whose forward takes `logits_to_keep` (it says so: ddrl.models.contract.ScoringModel; ddrl's
+A model whose forward takes `logits_to_keep` (it says so: ddrl.contract.ScoringModel; ddrl's
 DiffusionLM, also under DDP or FSDP2; see ddrl.models.diffusion_lm for how it reaches each backbone)
 computes only those; any other model computes every position and is sliced here, with the same result.
 
@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
+from ddrl.contract import scoring_arguments
 from ddrl.ops.logprobs import TargetRequest
 from ddrl.ops.value_checks import check_values
 
@@ -125,7 +126,5 @@ def kept_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor | None =
 
 def takes_argument(model: Any, name: str) -> bool:
     """Whether the model's forward takes the scoring argument `name` (logits_to_keep, targets or
-    class_range): declared by the model (ddrl.models.contract.ScoringModel), never read off a signature."""
-    from ddrl.models.contract import scoring_arguments  # ddrl.models imports this module
-
+    class_range): declared by the model (ddrl.contract.ScoringModel), never read off a signature."""
     return name in scoring_arguments(model)

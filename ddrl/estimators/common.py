@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ddrl.logits import kept_logprobs
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.ops.logprobs import token_logprobs  # noqa: F401  (re-exported: the logits path's scoring)
 from ddrl.types import RolloutBatch
 

@@ -63,7 +63,7 @@ from torch import Tensor
 
 from ddrl.estimators.common import generator_from_seed, uniform
 from ddrl.logits import kept_logits
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.processes.draws import sample_categorical
 from ddrl.registry import ESTIMATORS
 from ddrl.types import COMMIT_ORDER, EstimatorOutput, RolloutBatch

@@ -39,7 +39,7 @@ from torch import Tensor
 from ddrl.estimators.common import generator_from_seed, random_subset_mask, uniform
 from ddrl.estimators.spg import sandwich_bounds
 from ddrl.logits import kept_logprobs
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.registry import ESTIMATORS
 from ddrl.types import EstimatorOutput, RolloutBatch
 

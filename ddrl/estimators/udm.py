@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from ddrl.estimators.common import forward_logprobs, generator_from_seed, masked_mean
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.processes.metric_path import MetricPathProcess
 from ddrl.processes.uniform import ClassNoise
 from ddrl.registry import ESTIMATORS

@@ -50,7 +50,7 @@ from ddrl.config import SamplerConfig
 from ddrl.data import check_modality
 from ddrl.eval.runner import (Scoring, default_sampler, pass_at_k, sample_and_score, summarize,
                               write_rows)
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.registry import Registry
 from ddrl.sampling.checks import check_sampler
 from ddrl.tasks.presets import Preset, get_preset

@@ -27,7 +27,7 @@ import torch
 
 from ddrl.config import SamplerConfig, validate_sampler
 from ddrl.data import check_modality, encode_prompts, prompt_budget, task_completions
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.registry import SAMPLERS
 from ddrl.rewards.pixels import save_image_grid, to_uint8
 from ddrl.sampling.checks import AUTO, NOT_APPLICABLE, resolve_sampler

@@ -28,7 +28,7 @@ def base_model(backbone: nn.Module) -> nn.Module:
 def forward_takes(backbone: Any, name: str) -> bool:
     """Whether a backbone's forward takes the keyword `name` (logits_to_keep, compute_logits, ...).
 
-    A DiffusionModel declares its scoring arguments (ddrl.models.contract.ScoringModel); the backbone
+    A DiffusionModel declares its scoring arguments (ddrl.contract.ScoringModel); the backbone
     under it may be a transformers or user module, which states what it takes only through its
     forward's signature, so it is read here, inside the model layer. Cached per forward function
     (inspect.signature costs about as much as a tiny model's layer)."""

@@ -53,7 +53,7 @@ from torch import Tensor, nn
 from ddrl.data import as_stop_ids
 from ddrl.logits import LogitsToKeep, kept_index, keeps_some, take_positions
 from ddrl.models.backbone import base_model, forward_takes, head_linear
-from ddrl.models.contract import PROCESS_SAMPLERS, SCORING_ARGUMENTS
+from ddrl.contract import PROCESS_SAMPLERS, SCORING_ARGUMENTS
 from ddrl.models.io import CONFIG_FILE, atomic_directory, check_model_dir, read_json, write_json
 from ddrl.models.tokenizer import TOKENIZER_FILE, SymbolTokenizer
 from ddrl.models.transformer import Denoiser
@@ -138,7 +138,7 @@ class DiffusionLM(nn.Module):
     logprob_backend: str = "auto"
     logits_range: tuple[int, int] | None = None
 
-    # The rest of the model contract (ddrl.models.contract.DiffusionModel): a family that has one of
+    # The rest of the model contract (ddrl.contract.DiffusionModel): a family that has one of
     # these overrides it; the values here say "not supported" by type.
     scoring_arguments = SCORING_ARGUMENTS  # forward takes logits_to_keep, targets and class_range
     attention: str = "native"  # how a mask reaches the backbone (ddrl.models.feeds)

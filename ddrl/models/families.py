@@ -18,7 +18,7 @@ the DiffusionLM around it:
 
 **Samplers.** `FamilyFacts.samplers` names the samplers that decode the family as trained, its own
 first (DiffusionLM.samplers; rollout.name=auto picks the first); a family that names none decodes
-with its process's (ddrl.models.contract.PROCESS_SAMPLERS).
+with its process's (ddrl.contract.PROCESS_SAMPLERS).
 
 (The mask id of config.json, when it names one, comes before the family's. URSA is a diffusers
 pipeline folder with no top-level config.json: ddrl.models.ursa reads it, not ddrl.models.hf.)
@@ -66,7 +66,7 @@ class FamilyFacts:
     tokenizer_vocab_only: bool = False  # sample only ids < len(tokenizer) (the model's vocabulary is padded)
     default_block_size: int | None = None  # a block family whose config.json names none (LLaDA2: 32)
     # The samplers that decode the family as trained, its own first (rollout.name=auto picks it); None =
-    # its process's (ddrl.models.contract.PROCESS_SAMPLERS). DiffusionModel.samplers reads them.
+    # its process's (ddrl.contract.PROCESS_SAMPLERS). DiffusionModel.samplers reads them.
     samplers: tuple[str, ...] | None = None
     editing_samplers: tuple[str, ...] | None = None  # a checkpoint that edits tokens (LLaDA2.1: token_editing)
 

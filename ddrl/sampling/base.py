@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.processes.draws import RowGenerators, chunk_seeds, row_chunks
 from ddrl.sampling.utils import keyed_seed
 from ddrl.types import Trajectory

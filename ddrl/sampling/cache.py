@@ -90,7 +90,7 @@ import torch
 from torch import Tensor
 
 from ddrl.logits import takes_argument
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.processes.block import block_attention, position_ids_from_mask
 from ddrl.sampling.utils import completion_logits, guided_logits
 

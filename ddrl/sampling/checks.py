@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.cache import CACHE_MODES
 from ddrl.sampling.commit import REMASKING
@@ -248,7 +248,7 @@ def setting(key: str, field: str) -> str:
 def model_samplers(model: Any) -> tuple[str, ...]:
     """The samplers that decode this model as it was trained, its family's own first (the one
     rollout.name=auto picks): the model's own `samplers` (ddrl.models.families.FamilyFacts.samplers,
-    else its process's: ddrl.models.contract.PROCESS_SAMPLERS); a bare denoiser's by its layout."""
+    else its process's: ddrl.contract.PROCESS_SAMPLERS); a bare denoiser's by its layout."""
     return model_view(model).samplers
 
 

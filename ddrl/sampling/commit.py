@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import Tensor
 
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.processes.base import ScheduledProcess
 from ddrl.sampling.released import RELEASED, ReleasedEmergeRule, check_released_model
 from ddrl.sampling.sdar import commit_dynamic

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.processes.draws import row_chunks
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput

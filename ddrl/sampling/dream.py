@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput, model_mask_id
 from ddrl.processes.draws import uniform_draw

@@ -113,7 +113,7 @@ import torch
 from torch import Tensor
 
 from ddrl.data import as_stop_ids, is_stop, model_stop_ids
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput, model_mask_id
 from ddrl.sampling.cache import block_forward

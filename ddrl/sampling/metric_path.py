@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from ddrl.logits import kept_logits
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.processes.draws import randint_draw, sample_categorical, uniform_draw
 from ddrl.processes.metric_path import MetricPathProcess
 from ddrl.registry import SAMPLERS

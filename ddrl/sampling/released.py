@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.processes.draws import row_chunks
 from ddrl.sampling.utils import codebook_range
 

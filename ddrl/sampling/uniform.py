@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ddrl.logits import kept_logits
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.processes.draws import randint_draw, sample_categorical
 from ddrl.processes.uniform import UniformProcess
 from ddrl.registry import SAMPLERS

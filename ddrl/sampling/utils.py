@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from ddrl.logits import kept_logits
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.processes.draws import RowGenerators, chunk_seeds, row_chunks
 
 # rollout.noise_dtype: the dtype of the masked samplers' uniforms (module doc of StepNoise).

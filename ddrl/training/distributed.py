@@ -152,7 +152,7 @@ def shard_model(model: torch.nn.Module, device: torch.device, mixed_precision: s
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-    from ddrl.models.contract import model_view
+    from ddrl.contract import model_view
     from ddrl.models.hf import transformer_blocks  # no transformers import at module level
 
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -342,7 +342,7 @@ class ModelHandle:
         return self._wrapped(*args, **kwargs)
 
     @property
-    def scoring_arguments(self) -> frozenset[str]:  # calls reach the DiffusionLM's forward (ddrl.models.contract)
+    def scoring_arguments(self) -> frozenset[str]:  # calls reach the DiffusionLM's forward (ddrl.contract)
         return self._inner.scoring_arguments
 
     def __getattr__(self, name: str) -> Any:

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from ddrl.config import RLConfig, load_config, save_config, task_kwargs
 from ddrl.data import (check_modality, completion_mask, is_stop, model_stop_ids, pad_prompts, prompt_budget,
                        task_completions, tokenize_prompts, truncate_prompts)
-from ddrl.models.contract import model_view
+from ddrl.contract import model_view
 from ddrl.objectives import AggregationCounts, compute_advantages
 from ddrl.objectives.base import COUNTED_STATS
 from ddrl.processes.draws import RowGenerators

@@ -1,4 +1,4 @@
-"""The model contract in code (ddrl.models.contract): every registered family's model, built from its
+"""The model contract in code (ddrl.contract): every registered family's model, built from its
 tiny test fixture, is a DiffusionModel with typed attributes and the explicit scoring entry; image
 models are ImageCodecs; and outside ddrl/models nothing compares family names or probes a model or
 process by attribute name without a comment saying why."""
@@ -14,7 +14,7 @@ import torch
 
 import ddrl
 import ddrl.sampling  # noqa: F401  (registers the samplers)
-from ddrl.models.contract import (SCORING_ARGUMENTS, CapabilityError, DiffusionModel, ImageCodec, ModelView,
+from ddrl.contract import (SCORING_ARGUMENTS, CapabilityError, DiffusionModel, ImageCodec, ModelView,
                                   model_view)
 from ddrl.models.families import FAMILIES
 from ddrl.ops.logprobs import TargetRequest
@@ -134,7 +134,7 @@ def test_no_model_or_process_probe_outside_the_model_layer_without_a_reason():
             commented = "#" in line or (i > 0 and lines[i - 1].lstrip().startswith("#"))
             if PROBE.search(line) and not commented:
                 found.append(f"{path.relative_to(ROOT)}:{i + 1}: {line.strip()}")
-    assert not found, "read the model through ddrl.models.contract.model_view, or say why:\n" + "\n".join(found)
+    assert not found, "read the model through ddrl.contract.model_view, or say why:\n" + "\n".join(found)
 
 
 def test_no_family_name_comparison_outside_the_model_layer():
@@ -147,7 +147,7 @@ def test_no_family_name_comparison_outside_the_model_layer():
 def test_scoring_arguments_are_declared_by_the_class_not_forwarded():
     """The trainer's ModelHandle passes every keyword to its DiffusionLM, so it declares its arguments; a
     wrapper that only forwards attribute reads declares none and gets full logits (sliced by the caller)."""
-    from ddrl.models.contract import scoring_arguments
+    from ddrl.contract import scoring_arguments
     from ddrl.training.distributed import ModelHandle
 
     lm = _built_in(Path("."))

@@ -1,5 +1,9 @@
 """The model contract, in code: what every family's model provides, and what an image model adds.
 
+ddrl.models implements it; every layer that reads a model (sampling, estimators, processes, data,
+logits, eval, training) reads it through this module, which imports nothing of ddrl, so the import
+graph stays free of circles (tests/unit/test_import_graph.py).
+
 Two levels, because ddrl's samplers also take a bare denoiser (LLaDA's reference `generate`
 signature, a Hugging Face model, a user's module, a test's stand-in):
 
@@ -141,10 +145,6 @@ class ModelView:
         return getattr(self.model, name, default)  # a bare denoiser: module docstring
 
     @property
-    def is_family_model(self) -> bool:
-        return isinstance(self.model, DiffusionModel)
-
-    @property
     def family(self) -> str | None:
         return self._get("family")
 
@@ -234,17 +234,14 @@ class ModelView:
 
     @property
     def samplers(self) -> tuple[str, ...]:
-        """The samplers that decode the model as trained, its own first: a DiffusionModel's own; a bare
-        denoiser's by the family it states (FamilyFacts.samplers), else by its layout (block-causal:
-        "block"; else its process's)."""
-        if self.is_family_model:
-            return tuple(self.model.samplers)
-        from ddrl.models.families import FAMILIES  # families imports diffusion_lm, which imports this module
-
-        facts = FAMILIES.get(self.family or "")
-        own = facts.samplers if facts is not None else None
+        """The samplers that decode the model as trained, its own first: the ones it states (every
+        DiffusionModel: FamilyFacts.samplers, else its process's), else a bare denoiser's by its layout
+        (block-causal: "block"; else its process's, the masked ones by default)."""
+        own = self._get("samplers")
+        if own:
+            return tuple(own)
         layout = "block" if self.block_size else self.process_name
-        return own or PROCESS_SAMPLERS.get(layout, PROCESS_SAMPLERS["masked"])  # a user's process: the masked ones
+        return PROCESS_SAMPLERS.get(layout, PROCESS_SAMPLERS["masked"])  # a user's process: the masked ones
 
     @property
     def image_codec(self) -> ImageCodec | None:
