@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo checkpoints bench clean
+.PHONY: setup lint test demo checkpoints bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-test: $(STAMP)
+# Lint and type-check ddrl/ (configured in pyproject.toml); a new finding fails `make test`.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check ddrl
+	$(VENV)/bin/mypy
+
+test: lint
 	# Tiny models gain nothing from threads, and torchrun tests start several processes: one thread each.
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests -q -p no:cacheprovider --durations=15
 

@@ -403,6 +403,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
     class _Len:  # default size without a task: 32 new tokens, or what the context leaves
         gen_length = 32
+        modality = "text"
+        image_grid: tuple[int, int] | None = None
         if model_view(model).max_seq_len:
             gen_length = max(1, min(32, model.max_seq_len - len(model.tokenizer.encode(args.prompt)) - 1))
 
@@ -489,7 +491,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
-        raise SystemExit(f"ddrl compare: --seeds takes comma-separated integers, e.g. 0,1,2; got {args.seeds!r}")
+        raise SystemExit(f"ddrl compare: --seeds takes comma-separated integers, e.g. 0,1,2; got {args.seeds!r}") from None
     run_compare(config=args.config, methods=methods, steps=args.steps, output_dir=args.output_dir,
                 seeds=seeds, extra_overrides=args.overrides)
     return 0

@@ -171,6 +171,7 @@ def _report_scores(run_dirs: list[Path]) -> tuple[list[float], list[str], list[f
         afters.append(first_scores(a))
         clusters = [r["cluster"] for r in b] if all("cluster" in r for r in b) else None
     mean = lambda cols: [statistics.fmean(v) for v in zip(*cols)]  # noqa: E731  per example, over runs
+    assert prompts is not None  # run_dirs is not empty (the caller checked)
     return mean(befores), prompts, mean(afters), clusters
 
 
@@ -241,7 +242,7 @@ def plot_curves(out: Path, runs: list[dict[str, Any]], methods: list[str], windo
     import numpy as np
 
     fig, (ax_dev, ax_reward) = plt.subplots(1, 2, figsize=(11, 4.2))
-    colors = plt.get_cmap("tab20").colors  # 20 distinct colours: up to 20 methods
+    colors = [plt.get_cmap("tab20")(i) for i in range(20)]  # 20 distinct colours (RGBA): up to 20 methods
     for i, m in enumerate(methods):
         style = {"color": colors[i % len(colors)], "linestyle": "-" if i < len(colors) else "--"}
         mine = [r for r in runs if r["method"] == m]

@@ -394,7 +394,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
         return _build(tp, value, key)
@@ -628,6 +628,8 @@ def validate(cfg: Any) -> None:
         if t.group_filter is not None and (len(t.group_filter) != 2 or t.group_filter[0] > t.group_filter[1]):
             raise ConfigError(f"train.group_filter={t.group_filter} must be [lo, hi] with lo <= hi "
                               f"(e.g. [0.2, 0.8]), or null")
+        if len(t.betas) != 2 or not all(0.0 <= b < 1.0 for b in t.betas):
+            raise ConfigError(f"train.betas={t.betas} must be AdamW's two betas in [0, 1), e.g. [0.9, 0.99]")
         if t.minibatches > t.prompts_per_step:
             raise ConfigError(f"train.minibatches={t.minibatches} is more than train.prompts_per_step="
                               f"{t.prompts_per_step}: an optimizer step takes at least one whole prompt group "
@@ -672,7 +674,7 @@ def validate(cfg: Any) -> None:
 
 def _check_args(component: Any, args: dict[str, Any], key: str) -> None:
     """Keyword arguments of an objective/estimator must be fields of its dataclass."""
-    if not dataclasses.is_dataclass(component):
+    if not (isinstance(component, type) and dataclasses.is_dataclass(component)):  # registries hold classes
         return
     valid = {f.name for f in dataclasses.fields(component)}
     for k in args:

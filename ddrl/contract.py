@@ -146,23 +146,28 @@ class ModelView:
 
     @property
     def family(self) -> str | None:
-        return self._get("family")
+        value: str | None = self._get("family")
+        return value
 
     @property
     def vocab_size(self) -> int | None:
-        return self._get("vocab_size")
+        value: int | None = self._get("vocab_size")
+        return value
 
     @property
     def mask_token_id(self) -> int | None:
-        return self._get("mask_token_id")
+        value: int | None = self._get("mask_token_id")
+        return value
 
     @property
     def pad_token_id(self) -> int | None:
-        return self._get("pad_token_id")
+        value: int | None = self._get("pad_token_id")
+        return value
 
     @property
     def eos_token_id(self) -> int | None:
-        return self._get("eos_token_id")
+        value: int | None = self._get("eos_token_id")
+        return value
 
     @property
     def stop_token_ids(self) -> Any:
@@ -171,7 +176,8 @@ class ModelView:
 
     @property
     def bov_token_id(self) -> int | None:
-        return self._get("bov_token_id")
+        value: int | None = self._get("bov_token_id")
+        return value
 
     @property
     def tokenizer(self) -> Any:
@@ -187,11 +193,13 @@ class ModelView:
 
     @property
     def attention(self) -> str | None:
-        return self._get("attention")
+        value: str | None = self._get("attention")
+        return value
 
     @property
     def canvas_length(self) -> int | None:
-        return self._get("canvas_length")
+        value: int | None = self._get("canvas_length")
+        return value
 
     @property
     def completion_suffix(self) -> tuple[int, ...]:
@@ -203,19 +211,23 @@ class ModelView:
 
     @property
     def logits_range(self) -> tuple[int, int] | None:
-        return self._get("logits_range")
+        value: tuple[int, int] | None = self._get("logits_range")
+        return value
 
     @property
     def image_token_range(self) -> tuple[int, int] | None:
-        return self._get("image_token_range")
+        value: tuple[int, int] | None = self._get("image_token_range")
+        return value
 
     @property
     def emerge_schedule(self) -> str | None:
-        return self._get("emerge_schedule")
+        value: str | None = self._get("emerge_schedule")
+        return value
 
     @property
     def max_seq_len(self) -> int | None:
-        return self._get("max_seq_len")
+        value: int | None = self._get("max_seq_len")
+        return value
 
     @property
     def backbone(self) -> Any:
@@ -230,7 +242,8 @@ class ModelView:
     @property
     def process_name(self) -> str:
         """The registered name of the model's process ("masked" for a bare denoiser)."""
-        return (self._get("process_spec") or {}).get("name", "masked")
+        name: str = (self._get("process_spec") or {}).get("name", "masked")
+        return name
 
     @property
     def samplers(self) -> tuple[str, ...]:

@@ -322,7 +322,8 @@ def model_modalities(model: Any) -> tuple[str, ...]:
     """What a model's completions can be, of MODALITIES: ("text",), ("image",) or ("text", "image")."""
     view = model_view(model)
     image = view.image_codec is not None
-    codes_only = image and view.logits_range is not None and tuple(view.logits_range) == tuple(view.image_token_range)
+    codes_only = (image and view.logits_range is not None
+                  and tuple(view.logits_range) == tuple(view.image_token_range or ()))
     return tuple(m for m, ok in (("text", not codes_only), ("image", image)) if ok)
 
 
@@ -360,10 +361,11 @@ def decode_image_ids(model: Any, completion_ids: Tensor, grid: tuple[int, int]) 
     view = model_view(model)
     codec = view.image_codec
     if codec is None:
-        raise CapabilityError("image_codec", f"an image task needs a model with an image decoder (model.decode_images and "
+        raise CapabilityError("image_codec", f"an image task needs a model with an image decoder "
+                              f"(model.decode_images and "
                          f"model.image_token_range: URSA, MMaDA with its VQ model); this {view.family or ''} "
                          f"model has none")
-    span = codec.image_token_range
+    span = view.require("image_token_range")  # an ImageCodec's is set (ModelView.image_codec)
     (h, w), (n, length) = grid, completion_ids.shape
     if length != h * w:
         raise ValueError(f"the completion has {length} tokens but the task's image grid {h}x{w} needs {h * w}; "

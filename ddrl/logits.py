@@ -24,7 +24,7 @@ and samplers import it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import Tensor
@@ -37,7 +37,7 @@ from ddrl.ops.value_checks import check_values
 LogitsToKeep = int | Tensor | None  # None/0: every position; int K: the last K; long [K]: those; long [B, K]: per row
 
 
-def keeps_some(logits_to_keep: LogitsToKeep) -> bool:
+def keeps_some(logits_to_keep: LogitsToKeep) -> TypeGuard[int | Tensor]:
     """False for None / 0 (every position), True for a count or an index tensor."""
     return isinstance(logits_to_keep, Tensor) or bool(logits_to_keep)
 

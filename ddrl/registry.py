@@ -85,7 +85,7 @@ def import_object(path: str, what: str) -> Any:
 PROCESSES: Registry[Callable[..., Any]] = Registry("process")
 SAMPLERS: Registry[Callable[..., Any]] = Registry("sampler")
 ESTIMATORS: Registry[Callable[..., Any]] = Registry("estimator")
-OBJECTIVES: Registry[Callable[..., Any]] = Registry("objective")
+OBJECTIVES: Registry[type[Any]] = Registry("objective")  # dataclasses with the class attributes of objectives.base
 TASKS: Registry[Callable[..., Any]] = Registry("task")
 
 _loaded = False

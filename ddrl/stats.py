@@ -94,7 +94,7 @@ def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float,
     return lo, hi
 
 
-def bootstrap_interval(values: Sequence[float], *, clusters: Sequence[Hashable] | None = None,
+def bootstrap_interval(values: Sequence[float] | np.ndarray, *, clusters: Sequence[Hashable] | None = None,
                        level: float = 0.95, n_boot: int = 2000, seed: RandomSource = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of `values`.
 
@@ -129,7 +129,7 @@ def rate_estimate(successes: int, n: int, level: float = 0.95) -> Estimate:
     return Estimate(successes / n, lo, hi, n, None, "wilson", level)
 
 
-def mean_estimate(values: Sequence[float], *, clusters: Sequence[Hashable] | None = None, level: float = 0.95,
+def mean_estimate(values: Sequence[float] | np.ndarray, *, clusters: Sequence[Hashable] | None = None, level: float = 0.95,
                   n_boot: int = 2000, seed: RandomSource = 0) -> Estimate:
     """A mean with its bootstrap interval (over clusters when given)."""
     array = _as_values(values)
@@ -177,7 +177,7 @@ def _rng(seed: RandomSource) -> np.random.Generator:
     return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
 
-def _as_values(values: Sequence[float]) -> np.ndarray:
+def _as_values(values: Sequence[float] | np.ndarray) -> np.ndarray:
     if any(v is None for v in values):
         raise ValueError("a score is None (a reward that abstained); score it (e.g. as 0.0) or drop the example "
                          "before computing an interval")
@@ -193,7 +193,7 @@ def _n_clusters(clusters: Sequence[Hashable] | None) -> int | None:
     return None if clusters is None else len(set(clusters))
 
 
-def _cluster_totals(values: Sequence[float], clusters: Sequence[Hashable] | None) -> tuple[np.ndarray, np.ndarray]:
+def _cluster_totals(values: Sequence[float] | np.ndarray, clusters: Sequence[Hashable] | None) -> tuple[np.ndarray, np.ndarray]:
     """(sum, count) per cluster: [K], [K]; K = n without clusters."""
     array = _as_values(values)
     if clusters is None:

@@ -53,7 +53,7 @@ class Trajectory:
 
     def to(self, device: torch.device | str) -> "Trajectory":
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return Trajectory(move(self.commit_step), move(self.token_probs), move(self.states), move(self.step_times))
+        return Trajectory(self.commit_step.to(device), move(self.token_probs), move(self.states), move(self.step_times))
 
     def index(self, rows: Tensor | slice) -> "Trajectory":
         pick = lambda t: None if t is None else t[rows]  # noqa: E731

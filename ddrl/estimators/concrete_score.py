@@ -169,6 +169,8 @@ def released_neighbour_weights(model: Any, x: Tensor, move_chance_t: float, snis
     that forward pass is skipped here), and the diagonal over (sample m, position j) keeps position j = m of
     draw m only. draws: their recorded draws [B, L, V, M, L] (golden test), else drawn from `generator`.
     """
+    if draws is None and generator is None:  # never the global RNG (randomness is explicit)
+        raise ValueError("released_neighbour_weights needs generator= (or the recorded draws=)")
     b, length = x.shape
     vocab, mask_id = int(model.vocab_size), int(model.mask_token_id)
     m = min(snis_samples, length)
@@ -180,6 +182,7 @@ def released_neighbour_weights(model: Any, x: Tensor, move_chance_t: float, snis
     if draws is not None:
         z = draws[..., :m, :m].diagonal(dim1=3, dim2=4)  # [B, L, V, M]: draw m at position m
     else:
+        assert generator is not None  # checked above
         z = sample_categorical(pi, generator=generator)  # [B, L, V, j]: one draw per (m = j) is all that is read
     pi_z = pi.gather(-1, z[..., None].to(pi.device)).squeeze(-1)  # [B, L, V, M]
     w = 1e8 / (pi_z + 1e-8)

@@ -334,4 +334,4 @@ def write_rows(path: str | Path, rows: list[dict[str, Any]]) -> None:
 
 def _jsonable_prompt(prompt: Any) -> Any:
     """A str stays; a ChatPrompt (a dataclass) becomes {"user", "system", "prefill"} for the JSONL."""
-    return dataclasses.asdict(prompt) if dataclasses.is_dataclass(prompt) else prompt
+    return dataclasses.asdict(prompt) if dataclasses.is_dataclass(prompt) and not isinstance(prompt, type) else prompt

@@ -20,8 +20,9 @@ from torch.utils.checkpoint import checkpoint
 from ddrl.ops.logprobs import HeadLinear
 
 
-def base_model(backbone: nn.Module) -> nn.Module:
-    """The model under a peft wrapper (LoRA), or the backbone itself."""
+def base_model(backbone: Any) -> Any:
+    """The model under a peft wrapper (LoRA), or the backbone itself (a Hugging Face, peft or native
+    backbone, read by the attribute names they share: typed Any)."""
     return backbone.get_base_model() if hasattr(backbone, "get_base_model") else backbone
 
 
@@ -83,7 +84,7 @@ def checkpoint_blocks(backbone: nn.Module, enable: bool = True) -> None:
                 return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
             return _inner(*args, **kwargs)
 
-        block._ddrl_forward = inner
+        block._ddrl_forward = inner  # type: ignore[assignment]  # a plain attribute (not a submodule): the original
         block.forward = forward
 
 

@@ -45,7 +45,7 @@ import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -143,10 +143,22 @@ class DiffusionLM(nn.Module):
     scoring_arguments = SCORING_ARGUMENTS  # forward takes logits_to_keep, targets and class_range
     attention: str = "native"  # how a mask reaches the backbone (ddrl.models.feeds)
     canvas_length: int | None = None  # DiffusionGemma's canvas
-    bov_token_id: int | None = None  # URSA's begin-of-image id
-    completion_suffix: tuple[int, ...] = ()  # fixed ids after the completion (MMaDA's <|eoi|>)
-    cfg_unconditional_prompt: tuple[int, ...] | None = None  # None: guidance masks the prompt
     emerge_schedule: str | None = None  # None: the emerge sampler follows the process's schedule
+
+    @property
+    def bov_token_id(self) -> int | None:
+        """URSA's begin-of-image id; None for the text families."""
+        return None
+
+    @property
+    def completion_suffix(self) -> tuple[int, ...]:
+        """Fixed ids after the completion in every pass (MMaDA's <|eoi|>); () for most families."""
+        return ()
+
+    @property
+    def cfg_unconditional_prompt(self) -> tuple[int, ...] | None:
+        """The guidance pass's own prompt (MMaDA's empty caption); None: guidance masks the prompt."""
+        return None
 
     def __init__(self, model: nn.Module, tokenizer: Any = None, *, mask_token_id: int | None = None,
                  pad_token_id: int | None = None, eos_token_id: int | None = None, bos_token_id: int | None = None,
@@ -154,7 +166,8 @@ class DiffusionLM(nn.Module):
                  logits_shifted: bool = False, block_size: int | None = None,
                  process_spec: dict[str, Any] | None = None, family: str = "ddrl", suppress_mask_logit: bool = False):
         super().__init__()
-        self.model = model
+        # a Hugging Face, peft or native backbone, read by the attribute names they share: typed Any
+        self.model: Any = model
         self.tokenizer = tokenizer
         from_tok = lambda name: getattr(tokenizer, name, None)  # noqa: E731
         self.mask_token_id = mask_token_id if mask_token_id is not None else from_tok("mask_token_id")
@@ -162,7 +175,7 @@ class DiffusionLM(nn.Module):
         self.eos_token_id = eos_token_id if eos_token_id is not None else from_tok("eos_token_id")
         self.bos_token_id = bos_token_id if bos_token_id is not None else from_tok("bos_token_id")
         self.stop_token_ids = stop_token_ids
-        backbone_config = getattr(model, "config", None)
+        backbone_config: Any = getattr(model, "config", None)
         if vocab_size is None:
             vocab_size = getattr(backbone_config, "vocab_size", None)
         if vocab_size is None and tokenizer is not None:
@@ -336,9 +349,11 @@ class DiffusionLM(nn.Module):
         sliced here."""
         if class_range is None:
             return self._kept_forward(run, input_ids, logits_to_keep, kind)
-        a, b = check_class_range(class_range, self.vocab_size)
+        checked = check_class_range(class_range, self.vocab_size)
+        assert checked is not None  # class_range is not None here
+        a, b = checked
         base = base_model(self.model)
-        head = base if hasattr(base, "range_logits") else getattr(base, "lm_head", None)
+        head: Any = base if hasattr(base, "range_logits") else getattr(base, "lm_head", None)
         if not (kind == "tensor" and forward_takes(base, "compute_logits") and hasattr(head, "range_logits")):
             out, logits = self._kept_forward(run, input_ids, logits_to_keep, kind)
             return out, logits[..., a:b]
@@ -420,7 +435,7 @@ class DiffusionLM(nn.Module):
             lo, hi = self.logits_range
             out[:lo] = True
             out[hi:] = True
-        if self.suppress_mask_logit and self.mask_token_id < width:
+        if self.suppress_mask_logit and self.mask_token_id is not None and self.mask_token_id < width:
             out[self.mask_token_id] = True
         return out
 
@@ -498,7 +513,10 @@ class DiffusionLM(nn.Module):
 ADAPTER_DIR = "adapter"  # a LoRA checkpoint's adapter, in peft's layout, next to the base weights
 
 
-def load_saved_adapter(model: DiffusionLM, directory: Path) -> DiffusionLM:
+ModelT = TypeVar("ModelT", bound="DiffusionLM")
+
+
+def load_saved_adapter(model: ModelT, directory: Path) -> ModelT:
     """Re-attach the LoRA adapter that save_pretrained wrote into DIR/adapter (if any)."""
     if not (Path(directory) / ADAPTER_DIR).is_dir():
         return model
@@ -507,7 +525,7 @@ def load_saved_adapter(model: DiffusionLM, directory: Path) -> DiffusionLM:
     return load_adapter(model, Path(directory) / ADAPTER_DIR)
 
 
-def save_backbone(backbone: nn.Module, directory: Path, state_dict: dict[str, Tensor] | None = None) -> None:
+def save_backbone(backbone: Any, directory: Path, state_dict: dict[str, Tensor] | None = None) -> None:
     """backbone.save_pretrained(directory), writing `state_dict` (keyed like backbone.state_dict())
     instead of the module's own tensors when given.
 

@@ -54,7 +54,7 @@ import importlib
 import inspect
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -102,8 +102,8 @@ class HFDiffusionLM(DiffusionLM):
         if attention == "canvas" and not canvas_length:
             raise ValueError("attention='canvas' needs canvas_length (DiffusionGemma's config.canvas_length)")
         self.attention = attention
-        self.image_token_range = None if image_token_range is None else tuple(int(i) for i in image_token_range)
-        self.logits_range = None if logits_range is None else tuple(int(i) for i in logits_range)
+        self.image_token_range = None if image_token_range is None else _int_pair(image_token_range)
+        self.logits_range = None if logits_range is None else _int_pair(logits_range)
         self.canvas_length = canvas_length
 
     @property
@@ -124,8 +124,10 @@ class HFDiffusionLM(DiffusionLM):
             return facts.editing_samplers
         return super().samplers
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                past_key_values: Any = None, use_cache: bool = False, *,
+    # not DiffusionLM.forward's signature (override silenced): it names the backbone's cache arguments
+    # instead of passing any **kwargs on
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,  # type: ignore[override]
+                position_ids: Tensor | None = None, past_key_values: Any = None, use_cache: bool = False, *,
                 logits_to_keep: LogitsToKeep = None, targets: TargetRequest | None = None,
                 class_range: tuple[int, int] | None = None) -> DiffusionLMOutput:
         """input_ids [B, T_new] -> logits [B, T_new, V] aligned with the input (DiffusionLM's contract;
@@ -193,6 +195,11 @@ class HFDiffusionLM(DiffusionLM):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, attention={self.attention!r}"
+
+
+def _int_pair(pair: Sequence[int]) -> tuple[int, int]:
+    lo, hi = pair
+    return int(lo), int(hi)
 
 
 def _backbone_cache(out: Any) -> Any:
@@ -273,7 +280,7 @@ def load_hf_model(path: str | Path, *, device: torch.device | str | None = None,
     if vq_path is not None:  # an MMaDA that generates images
         from ddrl.models.mmada import build_text_to_image
 
-        model = build_text_to_image(backbone, hf_tokenizer, vq_path, kwargs, saved=saved, device=device,
+        model: HFDiffusionLM = build_text_to_image(backbone, hf_tokenizer, vq_path, kwargs, saved=saved, device=device,
                                     attend_padding=t2i_attend_padding)
     else:
         model = HFDiffusionLM(backbone, tokenizer, **kwargs)
@@ -338,7 +345,7 @@ def _vocab_size(backbone: nn.Module, config: dict[str, Any]) -> int:
     width = logits_width(backbone)
     if width:
         return width
-    backbone_config = getattr(backbone, "config", None)
+    backbone_config: Any = getattr(backbone, "config", None)
     if hasattr(backbone_config, "get_text_config"):
         backbone_config = backbone_config.get_text_config()
     value = _first(getattr(backbone_config, "vocab_size", None), config.get("embedding_size"), config.get("vocab_size"))

@@ -52,14 +52,17 @@ import math
 import re
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ddrl.models.backbone import output_projection
-from ddrl.models.diffusion_lm import ADAPTER_DIR, DiffusionLM, save_backbone
+from ddrl.models.diffusion_lm import ADAPTER_DIR, DiffusionLM, ModelT, save_backbone
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 __all__ = ["apply_lora", "lora_targets", "save_adapter", "load_adapter", "merge_and_save", "split_lora_state",
            "is_lora"]
@@ -194,7 +197,7 @@ def split_lora_state(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[
     return base, adapter
 
 
-def merged_state(peft_model: nn.Module, state: dict[str, Tensor]) -> dict[str, Tensor]:
+def merged_state(peft_model: PeftModel, state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Base weights with every LoRA update folded in: W + scale * B @ A (computed in float32)."""
     base, adapter = split_lora_state(state)
     suffix = f".lora_A.{ADAPTER}.weight"
@@ -203,7 +206,7 @@ def merged_state(peft_model: nn.Module, state: dict[str, Tensor]) -> dict[str, T
         if not key.endswith(suffix):
             continue
         layer_name = key[len(_PEFT_PREFIX):-len(suffix)]
-        layer = inner.get_submodule(layer_name)
+        layer: Any = inner.get_submodule(layer_name)  # a peft LoraLayer (scaling, use_dora, fan_in_fan_out)
         if getattr(layer, "use_dora", {}).get(ADAPTER, False):
             raise ValueError(f"{layer_name} uses DoRA, which merge_and_save does not merge; merge with peft instead")
         a = adapter[key].float()  # [r, in]
@@ -216,7 +219,7 @@ def merged_state(peft_model: nn.Module, state: dict[str, Tensor]) -> dict[str, T
     return base
 
 
-def save_adapted_backbone(peft_model: nn.Module, directory: Path, state: dict[str, Tensor] | None = None, *,
+def save_adapted_backbone(peft_model: PeftModel, directory: Path, state: dict[str, Tensor] | None = None, *,
                           merge: bool = False) -> None:
     """Write a LoRA backbone: base weights + DIR/adapter/, or (merge=True) the merged weights only.
 
@@ -234,7 +237,7 @@ def save_adapted_backbone(peft_model: nn.Module, directory: Path, state: dict[st
     _write_adapter(peft_model, Path(directory) / ADAPTER_DIR, state)
 
 
-def _write_adapter(peft_model: nn.Module, directory: Path, state: dict[str, Tensor]) -> None:
+def _write_adapter(peft_model: PeftModel, directory: Path, state: dict[str, Tensor]) -> None:
     from peft import get_peft_model_state_dict
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -270,7 +273,7 @@ def save_adapter(model: DiffusionLM, directory: str | Path, state_dict: dict[str
     return directory
 
 
-def load_adapter(model: DiffusionLM, directory: str | Path, *, trainable: bool = True) -> DiffusionLM:
+def load_adapter(model: ModelT, directory: str | Path, *, trainable: bool = True) -> ModelT:
     """Attach a saved adapter (save_adapter's or a checkpoint's adapter/) to a plain DiffusionLM."""
     from peft import PeftModel
 

@@ -91,13 +91,16 @@ class MMaDAT2ITokenizer(HFTokenizer):
         if system is not None or prefill:
             raise ValueError("a text-to-image prompt is the caption alone; MMaDA's t2i layout has no system message "
                              "or pre-fill")
-        bos, eos = self.bos_token_id, self.eos_token_id
+        bos, eos, pad = self.bos_token_id, self.eos_token_id, self.pad_token_id
+        if bos is None or eos is None or pad is None:
+            raise ValueError(f"MMaDA's text-to-image prompt needs the tokenizer's bos, eos and pad ids; got "
+                             f"bos={bos}, eos={eos}, pad={pad}: load the checkpoint's own tokenizer")
         ids = [self.special["<|t2i|>"], bos] + self.encode(text) + [eos]
         width = self.max_text_len + 1
         if len(ids) > width:
             ids = ids[:width - 1] + [eos]
         if self.attend_padding:
-            ids = [self.pad_token_id] * (width - len(ids)) + ids
+            ids = [pad] * (width - len(ids)) + ids
         return ids + [self.special["<|soi|>"]]
 
 
@@ -108,6 +111,8 @@ class MMaDAImageLM(HFDiffusionLM):
     vq_path:            where it was read (recorded in a save, so a reload decodes with it again).
     cfg_unconditional:  "empty_prompt" (as released) | "masked_prompt" (ddrl's form).
     """
+
+    vq_decoder: MAGVITv2Decoder  # kept in __dict__, not a submodule (__init__)
 
     def __init__(self, model: Any, tokenizer: MMaDAT2ITokenizer, *, decoder: MAGVITv2Decoder, vq_path: str,
                  cfg_unconditional: str = "empty_prompt", **kwargs: Any):
@@ -150,7 +155,7 @@ class MMaDAImageLM(HFDiffusionLM):
         if bool(((codes < 0) | (codes >= size)).any()):
             raise ValueError(f"codes must be codebook indices in [0, {size}); got values in [{int(codes.min())}, "
                              f"{int(codes.max())}] (vocabulary ids: subtract image_token_range[0] = "
-                             f"{self.image_token_range[0]})")
+                             f"{self.image_token_range and self.image_token_range[0]})")
         decoder = self.vq_decoder
         if decoder.decoder.conv_in.weight.device != codes.device:
             decoder.to(codes.device)

@@ -83,8 +83,7 @@ class RouterBalance:
     def _read_mask(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         ids = args[0] if args else kwargs["input_ids"]  # [B, T]
         mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
-        plain = mask is not None and mask.dim() == 2
-        self._valid = mask.bool() if plain else torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+        self._valid = mask.bool() if mask is not None and mask.dim() == 2 else torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
 
     def _record(self, module: nn.Module, inputs: tuple, output: tuple[Tensor, Tensor, Tensor]) -> None:
         if not torch.is_grad_enabled() or self._valid is None:

@@ -149,7 +149,7 @@ class SymbolTokenizer:
         this tokenizer adds no special tokens on its own.
         """
         single = isinstance(text, str)
-        texts = [text] if single else list(text)
+        texts = [text] if isinstance(text, str) else list(text)
         ids = [self.encode(t) for t in texts]
         side = padding_side or self.padding_side
         if side not in ("left", "right"):

@@ -299,6 +299,7 @@ class Denoiser(nn.Module):
             key_pos = torch.cat([key_pos[:, :past_len], position_ids.to(device).expand(B, T)], dim=1)
         query_pos = key_pos[:, past_len:]  # [B, T]
 
+        allowed: Tensor | None
         if explicit is not None:
             allowed = explicit
         else:

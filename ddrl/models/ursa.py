@@ -137,6 +137,8 @@ class URSADiffusionLM(HFDiffusionLM):
                       for save_pretrained.
     """
 
+    vq_decoder: VQDecoder  # kept in __dict__, not a submodule (__init__)
+
     def __init__(self, model: URSABackbone, tokenizer: Any, *, decoder: VQDecoder, codebook: Tensor,
                  scheduler_config: dict[str, Any], sources: dict[str, Any], **kwargs: Any):
         super().__init__(model, tokenizer, **kwargs)
@@ -175,6 +177,7 @@ class URSADiffusionLM(HFDiffusionLM):
     def process(self) -> MetricPathProcess:
         """The metric path over the codebook, from the pipeline's scheduler/ (built once)."""
         if self._metric_process is None:
+            assert self.image_token_range is not None  # load_ursa sets it: an URSA model's codes are images
             lo, hi = self.image_token_range
             sched = self.scheduler_config
             self._metric_process = MetricPathProcess(hi - lo, lo, codebook=self._codebook, alpha=sched["alpha"],
@@ -201,7 +204,7 @@ class URSADiffusionLM(HFDiffusionLM):
         if bool(((codes < 0) | (codes >= size)).any()):
             raise ValueError(f"codes must be codebook indices in [0, {size}); got values in "
                              f"[{int(codes.min())}, {int(codes.max())}] (vocabulary ids: subtract "
-                             f"image_token_range[0] = {self.image_token_range[0]})")
+                             f"image_token_range[0] = {self.image_token_range and self.image_token_range[0]})")
         if decoder.post_quant_conv.weight.device != codes.device:
             decoder.to(codes.device)
         return decoder(codes.long()).float().mul(0.5).add(0.5).clamp(0.0, 1.0)
@@ -267,7 +270,7 @@ def load_ursa(path: str | Path, *, device: torch.device | str | None = None, dty
                                                                 bov_token_id=config.bov_token_id,
                                                                 max_prompt_length=max_prompt)
     sched = {k: v for k, v in scheduler_config.items() if not k.startswith("_")}
-    spec = {"name": "metric_path", "num_classes": hi - lo, "offset": lo,
+    spec: dict[str, Any] = {"name": "metric_path", "num_classes": hi - lo, "offset": lo,
             **{k: sched[k] for k in ("alpha", "c", "shift") if k in sched}}
     model = URSADiffusionLM(
         backbone, tokenizer, decoder=decoder, codebook=codebook, scheduler_config=sched,

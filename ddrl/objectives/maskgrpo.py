@@ -49,8 +49,7 @@ GROUP_WEIGHTED = "group_weighted_token_mean"
 
 def _logps(out: EstimatorOutput, who: str) -> Tensor:
     """Per-token log-probs: float64 kept (golden tests), else float32."""
-    value = token_logps(out, who)  # raises, naming the fix, when the estimator gave none
-    return out.token_logp if out.token_logp.dtype == torch.float64 else value
+    return token_logps(out, who)  # raises, naming the fix, when the estimator gave none; promote keeps float64
 
 
 def group_weighted_token_mean(values: Tensor, weights: Tensor, group_ids: Tensor,

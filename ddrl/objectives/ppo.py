@@ -89,7 +89,7 @@ class TokenPPO(Objective):
                                                                     self.dps_kind, self.dps_floor)
 
     @property
-    def needs_ref(self) -> bool:  # type: ignore[override]
+    def needs_ref(self) -> bool:
         return self.beta > 0 and self.kl_against == "ref"
 
     @property
@@ -203,12 +203,11 @@ def training_rows(batch: RolloutBatch, new: EstimatorOutput, old: EstimatorOutpu
         step = new.extras[TRACE_STEP]  # [B, L] long, -1 = unscored
         S = int(step.max()) + 1 if (step >= 0).any() else 0
         rows = (step[None] == torch.arange(S, device=step.device)[:, None, None]) & valid  # [S, B, L]
-        token_logps(new, "current")  # raises when the estimator gave no token log-probs
-        logp = _logps(new.token_logp)  # [B, L]
-        old_logp = logp.detach() if old is None else _logps(old.token_logp).detach()
+        logp = _logps(token_logps(new, "current"))  # [B, L]; raises when the estimator gave no token log-probs
+        old_logp = logp.detach() if old is None else _logps(token_logps(old, "old")).detach()
         return logp[None].expand(S, -1, -1), old_logp[None].expand(S, -1, -1), rows
     logp = _logps(token_logps(new, "current") if new.token_logp is None else new.token_logp)  # one row per sample
-    old_logp = logp.detach() if old is None else _logps(old.token_logp).detach()
+    old_logp = logp.detach() if old is None else _logps(token_logps(old, "old")).detach()
     return logp[None], old_logp[None], valid
 
 

@@ -45,8 +45,10 @@ class ForwardProcess(ABC):
 
     @abstractmethod
     def pretrain_loss(self, model: Any, x0: Tensor, eligible: Tensor, attention_mask: Tensor | None = None, *,
-                      generator: torch.Generator, **options: Any) -> tuple[Tensor, dict[str, Tensor]]:
-        """The denoiser's pretraining loss per eligible token (a scalar to backpropagate) and its stats."""
+                      generator: torch.Generator, eps: float = 1e-3,
+                      num_tokens: float | Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """The denoiser's pretraining loss per eligible token (a scalar to backpropagate) and its stats: one
+        draw of t >= eps; num_tokens: the global eligible-token count (default: this batch's)."""
 
     def sample_t(self, batch_size: int, *, generator: torch.Generator, device: torch.device | str | None = None,
                  eps: float = 1e-3, stratified: bool = False) -> Tensor:

@@ -93,8 +93,9 @@ class MetricPathProcess(ClassProcess):
 
     def beta_prime(self, s: Tensor | float) -> Tensor:
         s = torch.as_tensor(s, dtype=torch.float64)
-        return torch.where(s > 0, self.c * self.alpha * s.clamp_min(1e-300) ** (self.alpha - 1)
-                           / (1 - s) ** (self.alpha + 1), torch.zeros_like(s))
+        alpha = self.alpha
+        return torch.where(s > 0, self.c * alpha * s.clamp_min(1e-300) ** (alpha - 1)
+                           / (1 - s) ** (alpha + 1), torch.zeros_like(s))
 
     def distances(self, x1: Tensor) -> Tensor:
         """d(x1, x) for every class x: class indices [...] -> [..., N] (their get_dist against the codebook)."""

@@ -128,6 +128,7 @@ class CPUBudgetWorker:
             self._stop()
             self._proc = self._start()
         proc = self._proc
+        assert proc.stdin is not None  # started with stdin=PIPE
         try:
             proc.stdin.write((json.dumps({"fn": fn, "budget_s": budget_s, "jobs": jobs}) + "\n").encode())
             proc.stdin.flush()
@@ -147,6 +148,7 @@ class CPUBudgetWorker:
         return results
 
     def _read_line(self, proc: subprocess.Popen) -> bytes | None:
+        assert proc.stdout is not None  # started with stdout=PIPE
         fd = proc.stdout.fileno()
         while b"\n" not in self._buffer:
             ready, _, _ = select.select([fd], [], [], STALL_S)

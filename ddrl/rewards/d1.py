@@ -47,7 +47,7 @@ import ast
 import math
 import operator
 import re
-from typing import Any
+from typing import Any, Callable
 
 from ddrl.rewards.composite import CompositeReward, per_completion
 
@@ -221,7 +221,7 @@ def math_equiv(a: Any, b: Any, numeric_floats: bool = False) -> bool:
 _COUNTDOWN_CHARS = re.compile(r"^[\d+\-*/().\s]+$")
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow}
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
 def _power(base: Any, exponent: Any) -> Any:

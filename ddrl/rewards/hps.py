@@ -132,7 +132,8 @@ class HPSv2Reward(ModelReward):
             raise ValueError(f"resize_mode must be 'longest' (hpsv2) or 'shortest', got {resize_mode!r}")
         if len(mean) != 3 or len(std) != 3:
             raise ValueError(f"mean and std need one value per RGB channel, got {list(mean)} and {list(std)}")
-        self.model, self.tokenizer = model, tokenizer
+        self.model: Any = model  # open_clip's model (untyped)
+        self.tokenizer = tokenizer
         self.size, self.mean, self.std = int(size), tuple(mean), tuple(std)
         self.text_column, self.resize_mode, self.amp = text_column, resize_mode, amp
 

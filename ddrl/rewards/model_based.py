@@ -71,7 +71,7 @@ class ModelReward(nn.Module):
                     try:
                         out.extend(self._score(batch, cols))
                     except Exception:  # noqa: BLE001 - isolate the completion that breaks the batch
-                        for j, i in enumerate(rows):
+                        for j in range(len(rows)):
                             try:
                                 out.extend(self._score([batch[j]], {k: [v[j]] for k, v in cols.items()}))
                             except Exception:  # noqa: BLE001
@@ -105,7 +105,7 @@ class HFSequenceClassifierReward(ModelReward):
             raise ValueError("HFSequenceClassifierReward(model=<module>) needs tokenizer=")
         if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
             tokenizer.pad_token = tokenizer.eos_token  # decoder reward models often ship without a pad token
-        self.model = model
+        self.model: Any = model  # a transformers classifier, called through its own API
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.label = label
@@ -165,7 +165,7 @@ class ClipStyleImageReward(ModelReward):
         out: list[float | None] = [self.on_error] * len(completions)
         if not valid:
             return out
-        pixels = torch.stack([images[i] for i in valid]).to(self.device)  # [v, ...]
+        pixels = torch.stack([im for im in images if im is not None]).to(self.device)  # [v, ...] (the rows `valid`)
         words = [str(texts[i]) for i in valid]
         text_in = self.tokenize_text(words) if self.tokenize_text is not None else words
         if isinstance(text_in, Tensor):
@@ -206,7 +206,7 @@ class CLIPImageReward(ModelReward):
             raise ValueError("CLIPImageReward(model=<module>) needs processor=")
         if not max_score > 0:
             raise ValueError(f"max_score must be > 0, got {max_score}")
-        self.model = model.eval()
+        self.model: Any = model.eval()  # a transformers CLIP model (get_image_features, logit_scale, ...)
         self.processor = processor
         self.max_score = float(max_score)
         self.text_column = text_column

@@ -45,7 +45,7 @@ def save_image_grid(images: Tensor, path: str | Path, *, captions: Sequence[str]
     draw = ImageDraw.Draw(grid)
     for i, tile in enumerate(tiles):
         x, y = (i % columns) * cell_w, (i // columns) * (cell_h + caption_h)
-        grid.paste(tile.resize((cell_w, cell_h), Image.NEAREST), (x, y))
+        grid.paste(tile.resize((cell_w, cell_h), Image.Resampling.NEAREST), (x, y))
         if captions:
             text = captions[i][: max(1, cell_w // 6)]
             draw.text((x + 1, y + cell_h), text, fill="black")

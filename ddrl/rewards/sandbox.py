@@ -264,6 +264,7 @@ def _run(
     try:
         if sandbox is not None:
             bwrap, mode, flags = sandbox
+            assert bwrap is not None  # _probe_sandbox found it before a sandbox is asked for
             program_fd = _readonly_memfd("ddrl-program", code.encode("utf-8", errors="replace"))
             uid = _UID_RANGE[0] + secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0]) if mode == "root" else None
             cfg = {"rlimits": rlimits, "uid": uid, "program": _PROGRAM_PATH}
@@ -354,7 +355,8 @@ def _collect(
 ) -> tuple[str, str, bool, str | None]:
     """Read stdout/stderr (each up to cap bytes) until both close or the deadline; then make sure
     the whole process group is dead and reaped. Returns (stdout, stderr, timed_out, killed_reason)."""
-    buffers = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    assert proc.stdout is not None and proc.stderr is not None  # started with PIPE
+    buffers: dict[Any, bytearray] = {proc.stdout: bytearray(), proc.stderr: bytearray()}  # keyed as the selector's fileobj
     reason = None
     timed_out = False
     with selectors.DefaultSelector() as selector:

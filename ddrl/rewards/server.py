@@ -213,6 +213,7 @@ class RewardServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else host  # typeshed allows bytes; AF_INET gives str
         return f"http://{host}:{port}"
 
     def score(self, request: dict[str, Any]) -> list[float | None]:
@@ -275,7 +276,7 @@ def serve_reward(reward: Callable[..., list[float | None]], host: str = "127.0.0
     a daemon thread and returns at once (tests, a trainer that starts its own); else the caller runs
     .serve_forever(). Stop it with .shutdown() and .server_close()."""
     try:
-        server = RewardServer(reward, host, port, name or getattr(reward, "__name__", type(reward).__name__))
+        server = RewardServer(reward, host, port, str(name or getattr(reward, "__name__", type(reward).__name__)))
     except OSError as e:  # the address is taken, or not this machine's
         raise OSError(f"cannot serve the reward at {host}:{port}: {e.strerror or e}; pick a free port (--port N; "
                       f"0 = any free one) or an address of this machine (--host)") from None

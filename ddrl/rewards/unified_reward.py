@@ -98,7 +98,7 @@ class UnifiedReward:
         from PIL import Image
 
         if self.resize is not None:
-            picture = picture.resize((self.resize, self.resize), Image.BICUBIC)
+            picture = picture.resize((self.resize, self.resize), Image.Resampling.BICUBIC)
         content = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{pil_to_png(picture)}"}},
                    {"type": "text", "text": self.template.format(prompt=caption)}]
         body: dict[str, Any] = {"model": self.model, "messages": [{"role": "user", "content": content}],

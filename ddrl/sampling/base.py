@@ -67,7 +67,7 @@ def sample_in_chunks(sampler: Callable[..., SampleOutput], model, prompt_ids: Te
     forward = [o.forward_tokens for o in outs]
     return SampleOutput(completion_ids=torch.cat([o.completion_ids for o in outs]),
                         trajectory=_cat_trajectories([o.trajectory for o in outs]), nfe=sum(o.nfe for o in outs),
-                        forward_tokens=None if None in forward else sum(forward))
+                        forward_tokens=None if None in forward else sum(f for f in forward if f is not None))
 
 
 def _call_chunks(generator: Any, batch_size: int, rows: int) -> list[tuple[int, int, Any]]:
@@ -95,19 +95,21 @@ def _cat_trajectories(parts: list[Trajectory | None]) -> Trajectory | None:
     early exit) is padded with its last step: a committed position keeps its commit-step value."""
     if parts[0] is None:
         return None
-    S = max(0 if p.token_probs is None else p.token_probs.shape[1] for p in parts)
+    recorded = [p for p in parts if p is not None]  # a sampler records on every chunk or on none
+    S = max(0 if p.token_probs is None else p.token_probs.shape[1] for p in recorded)
 
     def pad(t: Tensor) -> Tensor:  # [b, s, L] -> [b, S, L]
         return torch.cat([t, t[:, -1:].expand(-1, S - t.shape[1], -1)], dim=1) if t.shape[1] < S else t
 
-    times = [p.step_times for p in parts]
+    times = [p.step_times for p in recorded]
     if any(t is not None and (times[0] is None or not torch.equal(t, times[0])) for t in times):
         raise ValueError("rollout.batch_rows: the row chunks' samplers ran different step schedules; unset "
                          "rollout.batch_rows or rollout.threshold")
-    states = [p.states for p in parts]
-    if any(s is not None and s.shape[1] != states[0].shape[1] for s in states):
+    states = [p.states for p in recorded if p.states is not None]
+    if states and (len(states) < len(recorded) or any(s.shape[1] != states[0].shape[1] for s in states)):
         raise ValueError("rollout.batch_rows: the row chunks recorded different numbers of states; unset "
                          "rollout.batch_rows")
-    probs = None if parts[0].token_probs is None else torch.cat([pad(p.token_probs) for p in parts])  # [B, S, L]
-    return Trajectory(commit_step=torch.cat([p.commit_step for p in parts]), token_probs=probs,
-                      states=None if states[0] is None else torch.cat(states), step_times=times[0])
+    probs = [pad(p.token_probs) for p in recorded if p.token_probs is not None]  # the chunks' samplers are alike
+    return Trajectory(commit_step=torch.cat([p.commit_step for p in recorded]),
+                      token_probs=torch.cat(probs) if probs else None,  # [B, S, L]
+                      states=torch.cat(states) if states else None, step_times=times[0])

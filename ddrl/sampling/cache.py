@@ -138,7 +138,9 @@ def accepts_cache(model: Any) -> bool:
     model = _unwrapped(model)
     while model is not None and seen < 8:
         # A Hugging Face or user backbone states whether it takes a cache only by its signature.
-        forward = getattr(model, "forward", None) or getattr(model, "__call__", None)
+        forward = getattr(model, "forward", None) or (model if callable(model) else None)
+        if forward is None:
+            return False
         try:
             params = inspect.signature(forward).parameters
         except (TypeError, ValueError):
@@ -235,6 +237,7 @@ class _KVBuffer:
 
     def view(self, length: int) -> Layers:
         """Positions [0, length) of every layer: views, no copy."""
+        assert self.layers is not None  # write() came first
         return [(k[:, :, :length], v[:, :, :length]) for k, v in self.layers]
 
 
@@ -331,6 +334,7 @@ class ApproxBlockCache:
                                      cfg_scale=self.cfg_scale, mask_id=self.mask_id)
             self.positions = position_ids_from_mask(self.inputs.valid)  # [R, T]
             self.kv = _KVBuffer(self.inputs.valid.shape[1])
+        assert self.kv is not None  # made with the inputs, on the first call
         inp, P, s, e = self.inputs, self.inputs.P, self.start, self.end
         ids, valid = inp.ids(completion), inp.valid  # [R, T]
         given = lambda m: None if self.all_valid else m  # noqa: E731  the attention_mask passed
@@ -458,7 +462,7 @@ def block_forward(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *,
 
     The settings were checked by ddrl.sampling.checks.check_sampler (the cache choice; prefix/dual on a
     block-causal model need sampler blocks of whole model blocks); "auto" on unaligned blocks runs uncached."""
-    common = dict(cfg_scale=cfg_scale, mask_id=mask_id, class_range=class_range)
+    common: dict[str, Any] = dict(cfg_scale=cfg_scale, mask_id=mask_id, class_range=class_range)
     view = model_view(model)
     block_size = view.block_size
     if view.completion_suffix or view.cfg_unconditional_prompt is not None:

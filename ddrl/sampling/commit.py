@@ -120,6 +120,7 @@ class FixedCountRule:
         return step < self.steps_per_block
 
     def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: StepNoise | None) -> Tensor:
+        assert self.counts is not None  # begin_block ran
         return commit_top_k(confidence, self.counts[:, step])
 
     def step_time(self, step: int) -> float | None:
@@ -178,6 +179,7 @@ class DynamicRule(FixedCountRule):
         return step < self.steps_per_block and bool(masked.any())
 
     def choose(self, step: int, confidence: Tensor, masked: Tensor, noise: StepNoise | None) -> Tensor:
+        assert self.counts is not None  # begin_block ran
         return commit_dynamic(confidence, masked, self.threshold, self.counts[:, step])
 
 
@@ -202,6 +204,7 @@ class EmergeRule:
         if step == T - 1:  # k(1) is 0 only up to rounding (cos(pi/2) = 6e-17): fill explicitly
             return masked
         k_t, k_s = self.mask_fraction(step / T), self.mask_fraction((step + 1) / T)
+        assert noise is not None  # emerge commits at random: its sampler always passes the step's noise
         return masked & (noise(masked.shape[1]) < (k_t - k_s) / k_t)
 
     def step_time(self, step: int) -> float | None:
@@ -224,7 +227,7 @@ def emerge_mask_fraction(model: Any) -> Callable[[float], float]:
     if view.emerge_schedule is not None:
         return EMERGE_SCHEDULES[view.emerge_schedule]
     process = view.process
-    name = process.schedule.name if isinstance(process, ScheduledProcess) else None
+    name = process.schedule.name if isinstance(process, ScheduledProcess) else ""
     return EMERGE_SCHEDULES[EMERGE_SCHEDULE_FOR_PROCESS.get(name, "linear")]
 
 

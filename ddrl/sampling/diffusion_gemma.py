@@ -182,7 +182,7 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Diffusi
         logits = scheduled_logits(raw, remaining, cfg)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         drawn = _per_chunk(chunks, lambda g, lo, hi: torch.multinomial(
-            probs[lo:hi].reshape(-1, V).to(g.device), 1, generator=g).view(hi - lo, C), canvas.device)  # x_D
+            probs[lo:hi].reshape(-1, V).to(g.device), 1, generator=g).view(hi - lo, C), canvas.device)  # x_D  # noqa: B023 - called within this step
         new_argmax = logits.argmax(dim=-1)
         entropy = token_entropy(logits)  # [B, C]
         accept = entropy_bound_accept(entropy, cfg.entropy_bound)  # [B, C]
@@ -191,6 +191,7 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Diffusi
         new_canvas = torch.where(accept, drawn, noise)
         if stopping is not None:
             if finished.any():  # a stopped row is frozen
+                assert self_conditioning is not None  # a row stops after a step, which set it
                 new_argmax = torch.where(finished[:, None], argmax_canvas, new_argmax)
                 new_canvas = torch.where(finished[:, None], canvas, new_canvas)
                 logits = torch.where(finished[:, None, None], self_conditioning, logits)

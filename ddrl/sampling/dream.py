@@ -171,7 +171,7 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DreamSe
     completion = torch.full((B, L), cfg.mask_id, dtype=torch.long, device=device)  # [B, L]
     commit_step = torch.full((B, L), -1, dtype=torch.long, device=device)
     timesteps = torch.linspace(1, cfg.eps, cfg.steps + 1)  # float32 on the CPU (deviation (c))
-    noise = None if generator is None else _Uniforms(generator, B, device)
+    noise = None if generator is None else _Uniforms(generator, B, device)  # _check: given when a step draws
     recorder = ProbRecorder(token_probs=record != COMMIT_ORDER) if record else None
     for i in range(cfg.steps):
         t, s, last = timesteps[i], timesteps[i + 1], i == cfg.steps - 1
@@ -184,6 +184,7 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DreamSe
         if recorder is not None:
             recorder.add_step(logits, None)
         if cfg.alg == "origin":
+            assert noise is not None  # _check: "origin" needs a generator
             move = noise(L) < (1.0 if last else float(1 - s / t))  # [B, L]
             chosen = masked & move
             x0, _ = _decide(logits[chosen], cfg, noise, chosen)
@@ -193,6 +194,7 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DreamSe
             scores[masked] = confidence(probs, x0, cfg.alg)
             k = transfer_count(masked, t, s, last)  # [B]
             if cfg.alg_temp:
+                assert noise is not None  # _check: alg_temp > 0 needs a generator
                 gumbel = -torch.log(-torch.log(noise(L)))  # [B, L] float64
                 scores = scores.double() / cfg.alg_temp + gumbel  # -inf stays -inf: never drawn
             chosen = commit_top_k(scores, k) & masked
@@ -210,6 +212,7 @@ def _decide(logits: Tensor, cfg: DreamSettings, noise: _Uniforms | None, where: 
     """Logits [N, V] of the positions `where` [B, L] (row-major order) -> (x0 [N], p [N, V])."""
     probs = filtered_probs(logits, cfg.temperature, cfg.top_p, cfg.top_k)
     if cfg.temperature > 0:
+        assert noise is not None  # _check: temperature > 0 needs a generator
         x0 = categorical_from_uniforms(probs, noise(where.shape[1])[where])
     else:
         x0 = probs.max(dim=-1).indices
@@ -225,7 +228,7 @@ def dream_generate(model, prompt_ids: Tensor, attention_mask: Tensor | None = No
                    alg: str = "entropy", alg_temp: float | None = None, temperature: float = 0.0,
                    top_p: float | None = None, top_k: int | None = None, eps: float = 1e-3,
                    generator: torch.Generator | None = None, vocab_limit: int | None = None,
-                   mask_id: int | None = None, return_trajectory: bool = False) -> Tensor | tuple[Tensor, Trajectory]:
+                   mask_id: int | None = None, return_trajectory: bool = False) -> Tensor | tuple[Tensor, Trajectory | None]:
     """Dream's diffusion_generate (module doc) on a DiffusionLM whose logits are aligned.
 
     prompt_ids      [B, P] long, left-padded; attention_mask [B, P] (1 = real token) or None.
@@ -318,7 +321,7 @@ def sample_dream(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Sam
                          top_k=getattr(cfg, "top_k", None), eps=getattr(cfg, "eps", 1e-3), generator=generator,
                          vocab_limit=tokenizer_vocab_limit(model) if vocab_limit is None else vocab_limit,
                          return_trajectory=return_trajectory)
-    sequence, trajectory = out if return_trajectory else (out, None)
+    sequence, trajectory = out if isinstance(out, tuple) else (out, None)
     P = prompt_ids.shape[1]
     return SampleOutput(completion_ids=sequence[:, P:], trajectory=trajectory, nfe=cfg.steps,
                         forward_tokens=cfg.steps * prompt_ids.shape[0] * (P + cfg.gen_length))

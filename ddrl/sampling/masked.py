@@ -271,7 +271,8 @@ def _step(logits: Tensor, window: Tensor, masked: Tensor, rule: CommitRule, step
         return torch.where(committed, x0, window), committed
     # [B, W, V] uniforms on the logits' device, over every vocabulary id even when the logits are the
     # codebook's: the noise stream, and so a seed's tokens, stay those of a full-vocabulary draw (module doc)
-    uniforms = noise(logits.shape[1], s.vocab or logits.shape[-1]) if s.temperature > 0 else None
+    uniforms = (noise(logits.shape[1], s.vocab or logits.shape[-1])  # type: ignore[misc]  # check_generator_given
+                if s.temperature > 0 else None)
     if s.remasking == "sdar_dynamic":  # SDAR's candidate and confidence: the filtered, tempered softmax
         x0, sdar_confidence = tempered_confidence(logits, s.temperature, s.top_k, s.top_p, uniforms=uniforms)
     elif s.classes is not None:  # the codebook's logits; the draw's index + lo is the vocabulary id
@@ -285,9 +286,10 @@ def _step(logits: Tensor, window: Tensor, masked: Tensor, rule: CommitRule, step
         elif s.remasking == "low_confidence":
             confidence = chosen_probability(logits, x0)  # [B, W] float64
         else:
+            assert noise is not None  # check_sampler: random remasking needs a generator
             confidence = noise(masked.shape[1])
         confidence = confidence.masked_fill(~masked, float("-inf"))  # committed positions never move
-    committed = rule.choose(step, confidence, masked, noise) & masked
+    committed = rule.choose(step, confidence, masked, noise) & masked  # type: ignore[arg-type]  # None only for a rule without uses_confidence
     if recorder is not None:
         recorder.add_step(logits, rule.step_time(step), running)
     return torch.where(committed, x0, window), committed
@@ -326,7 +328,7 @@ def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *, sam
     check_prompts(prompt_ids, prompt_mask)
     mask_id = model_mask_id(model) if mask_id is None else mask_id
     _check_model_inputs(model, prompt_ids, cfg.gen_length, mask_id)
-    block_length = int(block_size) if sampler == "block" else (cfg.block_length or cfg.gen_length)
+    block_length = int(block_size) if sampler == "block" and block_size is not None else (cfg.block_length or cfg.gen_length)
     rule = commit_rule(cfg, sampler, cfg.gen_length, block_length, model, key)
     p = f"{key}." if key else ""
     if isinstance(rule, ReleasedEmergeRule):
@@ -363,7 +365,7 @@ def generate(model, prompt_ids: Tensor, attention_mask: Tensor | None = None, *,
              mask_id: int, threshold: float | None = None, generator: torch.Generator | None = None,
              return_trajectory: bool = False, factor: float | None = None, cache: str = "none",
              top_k: int | None = None, top_p: float | None = None,
-             noise_dtype: str = "float32") -> Tensor | tuple[Tensor, Trajectory]:
+             noise_dtype: str = "float32") -> Tensor | tuple[Tensor, Trajectory | None]:
     """LLaDA's semi-autoregressive sampler (module doc), batched.
 
     prompt_ids      [B, P] long, left-padded; attention_mask [B, P] (1 = real token) or None (none is

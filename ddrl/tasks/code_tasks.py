@@ -73,7 +73,7 @@ class CodeTask(Task):
     def reward(self, completions: list[str], **columns: Any) -> list[float | None]:
         if columns.get("tests") is None:
             return [None] * len(completions)
-        return code_reward(
+        return list(code_reward(
             completions,
             tests=columns["tests"],
             entry_point=columns.get("entry_point"),
@@ -84,7 +84,7 @@ class CodeTask(Task):
             workers=self.workers,
             partial_credit=self.partial_credit,
             allow_unsandboxed=self.allow_unsandboxed_code,
-        )
+        ))
 
     def _test_sample(self, rows: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
         return held_out_sample(rows, n, f"{self.name}-test-{seed}")
@@ -198,7 +198,7 @@ class MbppTask(PresetMixin, CodeTask):
             "tests": asserts,
             "entry_point": None,
             "setup": setup or None,
-            "task_id": int(task_id) if isinstance(task_id, (int, float)) or str(task_id).isdigit() else task_id,
+            "task_id": int(task_id) if isinstance(task_id, (int, float)) else int(str(task_id)) if str(task_id).isdigit() else task_id,
             "canonical_solution": row.get("code", ""),
         }
 

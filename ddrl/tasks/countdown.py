@@ -54,6 +54,7 @@ def _literals(tree: ast.AST) -> list[int]:
 
 def _value(node: ast.AST) -> Fraction:
     if isinstance(node, ast.Constant):
+        assert isinstance(node.value, int)  # _literals admitted integer literals only
         return Fraction(node.value)
     assert isinstance(node, ast.BinOp)
     return _OPS[type(node.op)](_value(node.left), _value(node.right))  # ZeroDivisionError -> scored 0

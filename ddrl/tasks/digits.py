@@ -89,7 +89,7 @@ class DigitsTask(Task):
 
     name = "digits"
     gen_length = N_PIXELS
-    uniform_symbols = list(GRAY_SYMBOLS)
+    uniform_symbols: list[str] | None = list(GRAY_SYMBOLS)
 
     def __init__(self, format: str = "compact"):
         self.format = check_format(self.name, format, ("compact",))
@@ -117,9 +117,10 @@ class DigitsTask(Task):
     def eval_breakdown(self, rows: list[dict[str, Any]], examples: list[dict[str, Any]]) -> dict[str, Any]:
         """ddrl.eval.evaluate's rows -> per-class rate (first sample, as accuracy counts it) and
         diversity among all well-formed samples of each prompted class (class_breakdown)."""
-        labels = [as_label(ex.get("label")) for ex in examples]
-        if any(y is None for y in labels) or len(rows) != len(examples):
+        found = [as_label(ex.get("label")) for ex in examples]
+        if any(y is None for y in found) or len(rows) != len(examples):
             raise ValueError("eval_breakdown needs one row per example and a label 0..9 on every example")
+        labels = [y for y in found if y is not None]
         hits = [bool(row["correct"][0]) for row in rows]
         images: dict[int, list[list[int]]] = {}
         for row, y in zip(rows, labels):
@@ -127,7 +128,7 @@ class DigitsTask(Task):
                 image = decode_image(text)
                 if image is not None:
                     images.setdefault(y, []).append(image)
-        return class_breakdown(hits, labels, images)  # type: ignore[arg-type]
+        return class_breakdown(hits, labels, images)
 
     def symbols(self) -> list[str]:
         return CLASS_SYMBOLS + GRAY_SYMBOLS

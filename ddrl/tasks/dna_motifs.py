@@ -45,6 +45,10 @@ class MotifOracle(nn.Module):
     """f(x) [n, 3] for one-hot x [n, 4, L] (gReLU's layout); exact motif matches only (a conv that counts
     matching bases, thresholded at the motif length), weighted by a Gaussian around each motif's centre."""
 
+    filters: Tensor  # [M, 4, K] (buffers, declared for the type checker)
+    position_weights: Tensor  # [M, P]
+    cell_weights: Tensor  # [M, 3]
+
     def __init__(self, length: int = LENGTH, sigma: float = SIGMA):
         super().__init__()
         k = len(MOTIFS[0][0])

@@ -172,6 +172,7 @@ class DataSource:
 
     def records(self, split: str) -> list[tuple[str, dict[str, Any]]]:
         if self.mode == "hub":
+            assert self.dataset is not None  # mode "hub" means dataset= was given
             rows, where = load_hub(self.dataset, self.dataset_config, self.hub_splits[split]), str(self.dataset)
         else:
             file = self.path if self.mode == "hash" else self.train_path if split == "train" else self.test_path
@@ -227,6 +228,7 @@ class FileTask(Task):
             read = len(rows)
             if self.source.mode == "hash":
                 tf = self.source.test_fraction
+                assert tf is not None  # mode "hash" sets a test fraction (DataSource.__init__)
                 rows = [ex for ex in rows if is_test_key(self._split_key(ex), tf) == (side == "test")]
             elif side == "train" and self.source.has("test"):  # files may overlap: never train on a test item
                 held = {self._split_key(ex) for ex in self._split_rows("test")}
@@ -275,7 +277,7 @@ class FileTask(Task):
                              f"dev (dev_fraction={self.source.dev_fraction}); pass a larger dev_fraction or train file")
         return held_out_sample(rows, n, f"{self.name}-dev-{seed}")
 
-    def all_test_examples(self) -> list[dict[str, Any]]:
+    def all_test_examples(self) -> list[dict[str, Any]] | None:  # Task's signature (PresetMixin wraps it)
         """The whole test split in file order (the order a paper's evaluation and subsample use)."""
         return [dict(r) for r in self._split_rows("test")]
 

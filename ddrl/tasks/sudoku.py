@@ -193,8 +193,8 @@ def d1_grid(value: Any, where: str, column: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**_D1_SIZE:
         text = text.zfill(_D1_SIZE)
     if len(text) != _D1_SIZE or not set(text) <= set("01234"):
-        lost_zero = (f"; if a spreadsheet or pandas stored the grid as a number and dropped its leading '0', "
-                     f"write it back as a 16-character string"
+        lost_zero = ("; if a spreadsheet or pandas stored the grid as a number and dropped its leading '0', "
+                     "write it back as a 16-character string"
                      if text.isdigit() and len(text) < _D1_SIZE else "")
         raise ValueError(f"{where}: {column} must be 16 characters of 0-4 ('0' = blank), got {value!r} "
                          f"({len(text)} characters){lost_zero}")

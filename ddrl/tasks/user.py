@@ -101,6 +101,7 @@ class FunctionTask(Task):
     def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         if callable(self._train):
             return list(self._train(n, seed))
+        assert self._train is not None  # train_examples is a required argument
         return train_cycle(self._train, n, f"{self.name}-train-{seed}")
 
     def dev_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:

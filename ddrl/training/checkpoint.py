@@ -155,6 +155,7 @@ def _shared_temp_dir(run_dir: Path, step: int, dist: DistInfo) -> Path:
     name = [str(_temp_dir(run_dir, step)) if dist.is_main else None]
     if dist.enabled:
         tdist.broadcast_object_list(name, src=0)
+    assert name[0] is not None  # rank 0's name, broadcast to every rank
     return Path(name[0])
 
 
@@ -296,7 +297,8 @@ def _broadcast_full_state(path: Path, model: torch.nn.Module, optimizer: torch.o
         raise ValueError("this checkpoint's optimizer state is keyed by position (an older ddrl); it cannot "
                          "be resharded. Resume it without dist.strategy=fsdp, save once, then switch")
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, _read_full_weights(path, trust_remote_code) if main else {}, options=options)
+    full: dict[str, Any] = _read_full_weights(path, trust_remote_code) if main else {}  # dict is invariant
+    set_model_state_dict(model, full, options=options)
     if optimizer is not None and optimizer_state is not None:
         set_optimizer_state_dict(model, optimizer, optimizer_state if main else {}, options=options)
 
@@ -393,7 +395,9 @@ def broadcast_to_shards(model: torch.nn.Module, full_state: dict[str, torch.Tens
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     _materialise(model, device)
-    set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    state: dict[str, Any] = full_state  # dict is invariant: torch asks for dict[str, ValueType]
+    set_model_state_dict(model, state, options=options)
     with torch.no_grad():
         for buffer in model.buffers():
             tdist.broadcast(buffer, src=0)
@@ -485,7 +489,7 @@ class GatheredModel:
     (what save_checkpoint calls on rank 0 of a sharded run)."""
 
     def __init__(self, model: torch.nn.Module, state: dict[str, torch.Tensor] | None):
-        self.model = model
+        self.model: Any = model  # a DiffusionLM or backbone: its save_pretrained takes state_dict=
         self.state = state
 
     def save_pretrained(self, directory: Any) -> None:

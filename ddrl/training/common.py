@@ -56,7 +56,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], lr: float, weight_deca
         raise ValueError("the model has no trainable parameters (check the LoRA target_modules)")
     if any(p.dtype in (torch.bfloat16, torch.float16) for p in params):
         raise ValueError(BF16_TRAINING)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
 
 
 def build_scheduler(opt: torch.optim.Optimizer, *, schedule: str, warmup_steps: int, total_steps: int,

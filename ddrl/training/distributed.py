@@ -44,10 +44,15 @@ import contextlib
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, cast
 
 import torch
 import torch.distributed as dist
+
+from ddrl.contract import scoring_arguments
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 
 @dataclass
@@ -273,8 +278,8 @@ def copy_parameters(dst: torch.nn.Module, src: torch.nn.Module) -> None:
     reshard(dst)
     reshard(src)
     for d, s in zip(dst.parameters(), src.parameters()):
-        if hasattr(d, "to_local"):
-            d.to_local().copy_(s.to_local())
+        if hasattr(d, "to_local"):  # DTensor shards (typed as plain Parameters)
+            cast(Any, d).to_local().copy_(cast(Any, s).to_local())
         else:
             d.copy_(s.full_tensor() if hasattr(s, "full_tensor") else s)
 
@@ -297,7 +302,7 @@ def reshard(model: torch.nn.Module) -> None:
     root's parameters gathered after a forward (for the backward it expects): a frozen reference,
     which never runs backward, would keep them, and a copy into them would be lost. No-op unsharded."""
     if is_sharded(model):
-        model.reshard()
+        cast("FSDPModule", model).reshard()
 
 
 @contextlib.contextmanager
@@ -343,7 +348,7 @@ class ModelHandle:
 
     @property
     def scoring_arguments(self) -> frozenset[str]:  # calls reach the DiffusionLM's forward (ddrl.contract)
-        return self._inner.scoring_arguments
+        return scoring_arguments(self._inner)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

@@ -32,7 +32,7 @@ def keep_rows_through(path: Path, step: int) -> None:
         path.unlink()
         return
     lines = path.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
+    kept = [line for line in lines if (row_step := _step_of(line)) is not None and row_step <= step]
     if len(kept) != len(lines):
         path.write_text("".join(kept))
 

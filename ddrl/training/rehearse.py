@@ -43,7 +43,7 @@ from collections import Counter
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 from unittest import mock
 
 import torch
@@ -255,9 +255,9 @@ class HostReads(TorchDispatchMode):
             return out
         if func is aten._unique2.default:  # torch.unique: stand-in "every element distinct"
             self._record("unique")
-            x = args[0].reshape(-1)
-            return (torch.empty_like(x), torch.empty(args[0].shape, dtype=torch.long, device=x.device),
-                    torch.empty(x.shape, dtype=torch.long, device=x.device))
+            flat = args[0].reshape(-1)
+            return (torch.empty_like(flat), torch.empty(args[0].shape, dtype=torch.long, device=flat.device),
+                    torch.empty(flat.shape, dtype=torch.long, device=flat.device))
         if func is aten.nonzero.default:
             self._record("nonzero")
             x = args[0]
@@ -286,7 +286,7 @@ class HostReads(TorchDispatchMode):
 
         def one_copy(tensor: torch.Tensor) -> Any:  # one device-to-host copy, not one read per element
             with self.one_read("tolist"):
-                return list(self.values[id(tensor)]) if id(tensor) in self.values else tolist(tensor)
+                return list(self.values[id(tensor)]) if id(tensor) in self.values else tolist(cast(FakeTensor, tensor))
 
         with mock.patch("torch.distributed.all_gather_object", all_gather_object), \
                 mock.patch.object(FakeTensor, "tolist", one_copy):
@@ -396,7 +396,7 @@ def _ddp_buckets_tracked(ddp: Any, tracker: Any) -> None:
     order of the first backward instead of the observed one; the same bytes)."""
     seen: set[int] = set()
 
-    def hook(_state, bucket):  # type: ignore[no-untyped-def]  (DDP checks the annotations: none, or its own)
+    def hook(_state, bucket):  # unannotated on purpose: DDP checks the annotations (none, or its own)
         buffer = bucket.buffer()
         if id(buffer) not in seen:
             seen.add(id(buffer))
@@ -531,7 +531,6 @@ def rehearse(config: str | Path, overrides: list[str] | None = None, world_size:
     """One step of the recipe at its real size (or `layers` layers) on rank 0 of world_size fake ranks;
     the report is written to the run directory (output_dir/rehearsal/rehearsal.json)."""
     import torch.distributed as dist
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from ddrl.config import RLConfig, load_config
@@ -585,7 +584,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
         # Strong references while the trainer is built; weak ones again for the step, so that the
         # memory tracker sees its tensors freed.
         converter = fake.fake_tensor_converter.meta_converter
-        converter.tensor_memo = {}
+        converter.tensor_memo = {}  # type: ignore[assignment]  # a strong dict on purpose (above)
         stack.enter_context(reads)
         stack.enter_context(reads.objects())
         stack.enter_context(DeviceGuardless(reads))
@@ -791,7 +790,7 @@ def _mark_phases(trainer: Any, est: Any, tracker: Any, device: torch.device, pha
                 out = method(*args, **kwargs)
             phases[name] = phases.get(name, 0.0) + (est.total_runtime - start) / 1e3  # ms -> s
             if count_flops:
-                phases["update_flops"] = phases.get("update_flops", 0.0) + flops.get_total_flops()
+                phases["update_flops"] = phases.get("update_flops", 0.0) + cast(FlopCounterMode, flops).get_total_flops()
             if name == "rollout":
                 phases["rollout_peak"] = peak()
                 phases["rollout_split"] = split()

@@ -149,7 +149,7 @@ class Trainer:
         self.autocast = compute_context(self.device, cfg.model.mixed_precision, self.strategy)
         sharded = t.sharded_checkpoints
         self.sharded_checkpoints = self.strategy == "fsdp" if sharded == "auto" else bool(sharded)
-        self.opt = build_optimizer(self.model.parameters(), t.lr, t.weight_decay, tuple(t.betas))
+        self.opt = build_optimizer(self.model.parameters(), t.lr, t.weight_decay, (t.betas[0], t.betas[1]))
         self.sched = build_scheduler(self.opt, schedule=t.lr_schedule, warmup_steps=t.warmup_steps,
                                      total_steps=t.steps * t.num_iterations * t.minibatches,
                                      min_lr_ratio=t.min_lr_ratio)
@@ -204,11 +204,11 @@ class Trainer:
     def _load_model(self) -> Any:
         from ddrl.models import load_model
 
-        if not self.cfg.model.path:
+        m = self.cfg.model
+        if not m.path:
             raise ValueError("model.path is required for RL: point it at a pretrained model directory "
                              "(e.g. checkpoints/mini_sudoku-masked) or run `ddrl pretrain` first")
-        m = self.cfg.model
-        kwargs = dict(dtype=m.dtype, mask_token_id=m.mask_token_id, trust_remote_code=m.trust_remote_code,
+        kwargs: dict[str, Any] = dict(dtype=m.dtype, mask_token_id=m.mask_token_id, trust_remote_code=m.trust_remote_code,
                       block_size=m.block_size, require_tokenizer=True)
         if m.vq_path is not None:  # only image families take it (load_model says which)
             kwargs["vq_path"] = m.vq_path
@@ -281,6 +281,7 @@ class Trainer:
     def sync_reference(self) -> None:
         """Copy the policy into the frozen reference (train.sync_ref_every): the KL then anchors to a
         recent policy instead of the initial one. Under FSDP2 both are sharded alike: shard to shard."""
+        assert self.ref_model is not None  # called only when the method keeps a reference copy
         copy_parameters(self.ref_model, self.model)
 
     @contextlib.contextmanager

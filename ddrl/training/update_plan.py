@@ -157,6 +157,7 @@ class UpdatePlanner:
         every rank's data (plan is None only then), with how often it happened so far."""
         self.steps_without_update += 1
         if self.dist.is_main:
+            assert self.train.group_filter is not None  # the only way a step has no plan
             lo, hi = self.train.group_filter
             log.warning("step %d made no update: train.group_filter=[%g, %g] dropped every group (each group's "
                         "mean reward is outside the band, e.g. all completions right or all wrong); %d step(s) of "

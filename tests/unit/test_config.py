@@ -164,6 +164,14 @@ def test_more_minibatches_than_groups_is_refused_naming_the_fix():
         load_config(None, ["train.prompts_per_step=32", "train.minibatches=64"], RLConfig)
 
 
+def test_adamw_betas_are_two_numbers_in_the_unit_interval():
+    # refused at load, before a model is read (AdamW itself would fail only once the trainer builds it)
+    for bad in ("[0.9]", "[0.9, 0.99, 0.5]", "[0.9, 1.5]"):
+        with pytest.raises(ConfigError, match=r"train.betas=.*must be AdamW's two betas in \[0, 1\)"):
+            load_config(None, [f"train.betas={bad}"], RLConfig)
+    assert load_config(None, ["train.betas=[0.8, 0.95]"], RLConfig).train.betas == [0.8, 0.95]
+
+
 def test_resume_is_true_false_or_auto():
     from ddrl.config import ConfigError, RLConfig, load_config
 

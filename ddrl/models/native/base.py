@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, cast, overload
 
 import torch
 from safetensors.torch import save_file
@@ -52,7 +52,7 @@ from ddrl.logits import take_positions
 from ddrl.models.io import ModelDirectoryError, open_safetensors, read_safetensors
 from ddrl.registry import Registry
 
-NATIVE_FAMILIES = Registry("native model family")
+NATIVE_FAMILIES: Registry[type[Any]] = Registry("native model family")  # classes with from_pretrained
 
 KVCache = list[tuple[Tensor, Tensor]]  # per layer (k, v), each [B, H_kv, T, Dh]
 
@@ -192,6 +192,10 @@ def attention_inputs(attention_mask: Tensor | None, position_ids: Tensor | None,
     return explicit, valid, query_pos
 
 
+@overload
+def finish_mask(allowed: Tensor) -> Tensor: ...
+@overload
+def finish_mask(allowed: None) -> None: ...
 def finish_mask(allowed: Tensor | None) -> Tensor | None:
     """A boolean [B, 1, T, T_keys] mask with every empty query row opened (see attention_inputs)."""
     return None if allowed is None else allowed | ~allowed.any(dim=-1, keepdim=True)
@@ -233,6 +237,7 @@ class LayerCheckpointing:
 
     supports_gradient_checkpointing = True
     gradient_checkpointing = False
+    training: bool  # nn.Module's, in the class this mixes into
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
         """Recompute each layer's activations in backward (non-reentrant torch.utils.checkpoint)."""
@@ -254,10 +259,10 @@ class QwenStyleBackbone(LayerCheckpointing, nn.Module):
     def __init__(self, config: Any, trunk: nn.Module):
         super().__init__()
         self.config = config
-        self.model = trunk
+        self.model: Any = trunk  # the family's trunk (`model.{embed_tokens, layers, norm}`), read by name
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.weight = cast(nn.Embedding, self.model.embed_tokens).weight
 
     @property
     def layers(self) -> nn.ModuleList:
@@ -277,7 +282,7 @@ class QwenStyleBackbone(LayerCheckpointing, nn.Module):
 # --------------------------------------------------------------------------------------------
 
 
-def run_layers(layers: Sequence[nn.Module], h: Tensor, *args: Any, past_key_values: KVCache | None,
+def run_layers(layers: Iterable[nn.Module], h: Tensor, *args: Any, past_key_values: KVCache | None,
                use_cache: bool, checkpointing: bool) -> tuple[Tensor, KVCache | None]:
     """h [B, T, D] through every layer `layer(h, *args, past) -> (h, (k, v))`, per-layer activation
     checkpointing (non-reentrant) when `checkpointing`; -> (h, per-layer (k, v) or None)."""

@@ -5,7 +5,7 @@ weights from a file that may hold more (the encoder)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +23,11 @@ class Upsample(nn.Module):
         return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
 
 
-def load_frozen_decoder(build: Callable[[], nn.Module], path: Path, weights_file: str, what: str, *,
-                        dtype: torch.dtype | None, device: torch.device | str | None) -> nn.Module:
+M = TypeVar("M", bound=nn.Module)
+
+
+def load_frozen_decoder(build: Callable[[], M], path: Path, weights_file: str, what: str, *,
+                        dtype: torch.dtype | None, device: torch.device | str | None) -> M:
     """build() on the meta device, filled with the names it has from `path/weights_file` (the rest, such as
     an encoder, is not read into it), in eval mode and without grad: decoders turn codes into pixels for
     rewards and never train. Missing or misshapen weights are a ModelDirectoryError naming `what`."""

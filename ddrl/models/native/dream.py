@@ -99,7 +99,7 @@ class DreamConfig:
         if self.hidden_size % self.num_attention_heads or self.head_dim % 2:
             raise ModelDirectoryError(f"{where}: hidden_size={self.hidden_size} must split into num_attention_heads="
                                       f"{self.num_attention_heads} heads of even width; the config is not a Dream one")
-        if self.num_attention_heads % self.num_key_value_heads:
+        if self.num_attention_heads % (self.num_key_value_heads or self.num_attention_heads):
             raise ModelDirectoryError(f"{where}: num_attention_heads={self.num_attention_heads} is not a multiple of "
                                       f"num_key_value_heads={self.num_key_value_heads}; fix the config")
         scaling = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type", "default"))
@@ -141,7 +141,8 @@ def rotary(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -
 class DreamAttention(nn.Module):
     def __init__(self, config: DreamConfig):
         super().__init__()
-        self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
+        # None = no GQA (from_dict resolves it; a DreamConfig built in code may still hold None)
+        self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
         self.head_dim = config.head_dim
         self.dropout = config.attention_dropout
         D = config.hidden_size

@@ -56,7 +56,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -159,7 +159,7 @@ class LLaDAConfig:
         missing = [k for k in ("d_model", "n_heads", "n_layers", "vocab_size") if data.get(k) is None]
         if missing:
             raise ModelDirectoryError(f"{source} lacks {missing}; a LLaDA config.json names its sizes")
-        get = lambda name: data.get(name, _DEFAULTS.get(name))  # noqa: E731
+        get: Callable[[str], Any] = lambda name: data.get(name, _DEFAULTS.get(name))  # noqa: E731
         for name, accepted in _SUPPORTED.items():
             if get(name) not in accepted:
                 raise ModelDirectoryError(f"{source}: {name}={get(name)!r} is not supported by ddrl's native LLaDA "
@@ -214,7 +214,7 @@ class MMaDAConfig(LLaDAConfig):
         missing = [k for k in ("llm_vocab_size", "codebook_size") if data.get(k) is None]
         if missing:
             raise ModelDirectoryError(f"{source} lacks MMaDA's {missing}; an MMaDA config.json has them")
-        extra = {"llm_vocab_size": int(data["llm_vocab_size"]), "codebook_size": int(data["codebook_size"]),
+        extra: dict[str, Any] = {"llm_vocab_size": int(data["llm_vocab_size"]), "codebook_size": int(data["codebook_size"]),
                  "num_new_special_tokens": int(data.get("num_new_special_tokens") or 0),
                  "num_vq_tokens": data.get("num_vq_tokens")}
         end = extra["llm_vocab_size"] + extra["num_new_special_tokens"] + extra["codebook_size"]
@@ -360,10 +360,10 @@ class LLaDABackbone(LayerCheckpointing, nn.Module):
     @property
     def layers(self) -> nn.ModuleList:
         """The transformer blocks (FSDP2 units, activation checkpointing)."""
-        return self.model.transformer["blocks"]
+        return cast(nn.ModuleList, self.model.transformer["blocks"])
 
     def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.transformer["wte"]
+        return cast(nn.Embedding, self.model.transformer["wte"])
 
     def get_output_embeddings(self) -> nn.Module:
         """The LM head: model.transformer.ff_out, or wte itself when weight_tying."""
@@ -373,7 +373,7 @@ class LLaDABackbone(LayerCheckpointing, nn.Module):
     def lm_head(self, hidden: Tensor) -> Tensor:
         """hidden [..., D] (after the final norm) -> logits [..., embedding_size]."""
         t = self.model.transformer
-        logits = F.linear(hidden, t["wte"].weight) if self.config.weight_tying else t["ff_out"](hidden)
+        logits = F.linear(hidden, self.get_input_embeddings().weight) if self.config.weight_tying else t["ff_out"](hidden)
         return logits * (1 / math.sqrt(self.config.d_model)) if self.config.scale_logits else logits
 
     def range_logits(self, hidden: Tensor, lo: int, hi: int) -> Tensor:
@@ -381,11 +381,11 @@ class LLaDABackbone(LayerCheckpointing, nn.Module):
         (DiffusionLM's class_range: a text-to-image MMaDA's samplers ask for its 8,192 codes, not the
         134,656 ids). Each logit is the same dot product as in lm_head, the rows a view of the weight;
         a head that is not a plain Linear (a LoRA adapter on ff_out) runs whole and is sliced."""
-        t = self.model.transformer
+        head = self.model.transformer["ff_out"] if not self.config.weight_tying else None
         if self.config.weight_tying:
-            weight, bias = t["wte"].weight, None
-        elif type(t["ff_out"]) is nn.Linear:
-            weight, bias = t["ff_out"].weight, t["ff_out"].bias
+            weight, bias = self.get_input_embeddings().weight, None
+        elif type(head) is nn.Linear:
+            weight, bias = head.weight, head.bias
         else:
             return self.lm_head(hidden)[..., lo:hi]
         logits = F.linear(hidden, weight[lo:hi], None if bias is None else bias[lo:hi])
@@ -397,7 +397,7 @@ class LLaDABackbone(LayerCheckpointing, nn.Module):
         t = self.model.transformer
         scale = 1 / math.sqrt(self.config.d_model) if self.config.scale_logits else None
         if self.config.weight_tying:
-            return HeadLinear(t["wte"].weight, None, scale)
+            return HeadLinear(self.get_input_embeddings().weight, None, scale)
         head = t["ff_out"]
         return HeadLinear(head.weight, head.bias, scale) if type(head) is nn.Linear else None
 

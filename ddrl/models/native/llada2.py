@@ -229,6 +229,7 @@ class LLaDA2Router(nn.Module):
     """`mlp.gate`: sigmoid scores + expert bias, group-limited top-k, in float32 (module doc)."""
 
     moe_router = True  # ddrl.models.moe_balance finds it (method.moe_aux_loss_coef)
+    expert_bias: Tensor  # [E] buffer, declared for the type checker
 
     def __init__(self, cfg: LLaDA2Config):
         super().__init__()
@@ -355,7 +356,8 @@ class LLaDA2Backbone(LayerCheckpointing, nn.Module):
             raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
         B, T = input_ids.shape
         past_len = check_past(past_key_values, len(self.layers), B)
-        mask, positions = self._attention(attention_mask, position_ids, B, T, past_len, input_ids.device)
+        # SDARBackbone's method, borrowed: it reads only self.config.block_size, which LLaDA2's config has
+        mask, positions = self._attention(attention_mask, position_ids, B, T, past_len, input_ids.device)  # type: ignore[misc]
         h = self.model.word_embeddings(input_ids)  # [B, T, D]
         cos, sin = self._rotary(positions, h.dtype)
         h, cache = run_layers(self.layers, h, cos, sin, additive_mask(mask, h.dtype), past_key_values=past_key_values,
@@ -416,7 +418,7 @@ class LLaDA2Backbone(LayerCheckpointing, nn.Module):
         write_json(directory / "config.json", self.config.raw)
         write_weights(directory, state)
         # what tells this checkpoint's decoding, kept by a save (its modeling file is not copied)
-        generation = {"pad_token_id": self.config.pad_token_id, "block_length": self.config.block_size}
+        generation: dict[str, Any] = {"pad_token_id": self.config.pad_token_id, "block_length": self.config.block_size}
         if self.config.token_editing:
             generation["editing_threshold"] = 0.9  # LLaDA2.1's generate() default
         write_json(directory / GENERATION_CONFIG, generation)

@@ -26,18 +26,38 @@ from ddrl.models.native.base import rotate_half
 
 
 class Qwen3Dims(Protocol):
-    """The config fields the layers read (SDARConfig and URSAConfig have them)."""
+    """The config fields the layers read (SDARConfig and URSAConfig have them). Read-only properties,
+    so that frozen dataclasses satisfy it."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    attention_bias: bool
-    pad_token_id: int | None
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def intermediate_size(self) -> int: ...
+
+    @property
+    def num_hidden_layers(self) -> int: ...
+
+    @property
+    def num_attention_heads(self) -> int: ...
+
+    @property
+    def num_key_value_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def rms_norm_eps(self) -> float: ...
+
+    @property
+    def attention_bias(self) -> bool: ...
+
+    @property
+    def pad_token_id(self) -> int | None: ...
 
 
 class Qwen3RMSNorm(nn.Module):

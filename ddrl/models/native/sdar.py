@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ddrl.processes.block import block_layout_mask
 from ddrl.models.io import ModelDirectoryError, write_json

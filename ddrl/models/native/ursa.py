@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, cast
 
 import torch
 import torch.nn.functional as F
@@ -104,7 +104,7 @@ class URSAConfig:
                                "vocab_size", "lm_vocab_size", "lm_head_size", "bov_token_id") if k not in raw]
         if missing:
             raise ModelDirectoryError(f"{where} lacks {missing}; the checkpoint is damaged, use another one")
-        get = lambda name: raw.get(name) if raw.get(name) is not None else QWEN3_DEFAULTS[name]  # noqa: E731
+        get: Callable[[str], Any] = lambda name: raw.get(name) if raw.get(name) is not None else QWEN3_DEFAULTS[name]  # noqa: E731
         if get("hidden_act") != "silu" or (raw.get("rope_scaling") or {}).get("rope_type", "default") != "default":
             raise ModelDirectoryError(f"{where} sets hidden_act={raw.get('hidden_act')!r} / rope_scaling="
                                       f"{raw.get('rope_scaling')!r}; the native URSA transformer implements silu and "
@@ -409,7 +409,7 @@ class Decoder(nn.Module):
         self.up_blocks = nn.ModuleList(UpBlock(dims[max(i - 1, 0)], d, layers_per_block + 1, i < len(dims) - 1)
                                        for i, d in enumerate(dims))
         if attn_up_block:
-            self.up_blocks[0].attentions.extend(Attention(block_out_channels[-1]) for _ in range(layers_per_block + 1))
+            cast(UpBlock, self.up_blocks[0]).attentions.extend(Attention(block_out_channels[-1]) for _ in range(layers_per_block + 1))
         self.conv_norm_out = _group_norm(dims[-1])
         self.conv_out = nn.Conv2d(dims[-1], out_channels, 3, 1, 1)
 
@@ -432,7 +432,7 @@ class VQDecoder(nn.Module):
     def __init__(self, config: dict[str, Any]):
         super().__init__()
         self.config = dict(config)
-        get = lambda name, default: config.get(name, default)  # noqa: E731  (AutoencoderVQ's defaults)
+        get: Callable[[str, Any], Any] = lambda name, default: config.get(name, default)  # noqa: E731  (AutoencoderVQ's defaults)
         channels = list(get("block_out_channels", (128, 256, 512, 512)))
         latent, vq_dim = int(get("latent_channels", 16)), int(get("vq_embed_dim", 8))
         self.quantizer = Codebook(int(get("num_vq_embeddings", 16384)), vq_dim)

@@ -23,7 +23,7 @@ def _diffucoder_prompt(example: dict[str, Any]) -> ChatPrompt:
 def metric(completions: list[str], **columns: Any) -> list[float]:
     from ddrl.rewards.code import code_reward
 
-    return [float(s) for s in code_reward(completions, tests=columns.get("tests"), setup=columns.get("setup"))]
+    return [float(s) for s in code_reward(completions, tests=columns["tests"], setup=columns.get("setup"))]
 
 register_preset(Preset(
     "diffucoder", "mbpp", prompt=_diffucoder_prompt, reward=diffucoder_reward(), metric=metric,
