@@ -144,21 +144,10 @@ class DiffusionLM(nn.Module):
     attention: str = "native"  # how a mask reaches the backbone (ddrl.models.feeds)
     canvas_length: int | None = None  # DiffusionGemma's canvas
     emerge_schedule: str | None = None  # None: the emerge sampler follows the process's schedule
-
-    @property
-    def bov_token_id(self) -> int | None:
-        """URSA's begin-of-image id; None for the text families."""
-        return None
-
-    @property
-    def completion_suffix(self) -> tuple[int, ...]:
-        """Fixed ids after the completion in every pass (MMaDA's <|eoi|>); () for most families."""
-        return ()
-
-    @property
-    def cfg_unconditional_prompt(self) -> tuple[int, ...] | None:
-        """The guidance pass's own prompt (MMaDA's empty caption); None: guidance masks the prompt."""
-        return None
+    # Plain attributes (a test or a user may set them on any model); MMaDA and URSA derive theirs.
+    bov_token_id: int | None = None  # URSA's begin-of-image id
+    completion_suffix: tuple[int, ...] = ()  # fixed ids after the completion (MMaDA's <|eoi|>)
+    cfg_unconditional_prompt: tuple[int, ...] | None = None  # None: guidance masks the prompt
 
     def __init__(self, model: nn.Module, tokenizer: Any = None, *, mask_token_id: int | None = None,
                  pad_token_id: int | None = None, eos_token_id: int | None = None, bos_token_id: int | None = None,
