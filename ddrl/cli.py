@@ -336,6 +336,7 @@ def _task_kwargs(items: list[str]) -> dict[str, Any]:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from ddrl.eval import default_sampler, evaluate
+    from ddrl.contract import model_view
     from ddrl.sampling.checks import FLAGS, check_sampler
     from ddrl.tasks import get_task
 
@@ -344,7 +345,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         return _eval_protocol(args, task)
     model = _load(args)
     sampler = default_sampler(model, task, key=FLAGS, **{k: getattr(args, k) for k in _SAMPLER_KEYS})
-    check_sampler(sampler, FLAGS, block_size=getattr(model, "block_size", None) or None)  # named as flags
+    check_sampler(sampler, FLAGS, block_size=model_view(model).block_size)  # named as flags
     result = evaluate(model, task, n=200 if args.n is None else args.n, sampler=sampler, seed=args.seed, k=args.k,
                       batch_size=64 if args.batch_size is None else args.batch_size, output_jsonl=args.output,
                       split=args.split)
@@ -392,6 +393,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from ddrl.data import (check_modality, decode_completions, encode_prompts, model_modalities, model_stop_ids,
                            prompt_budget)
     from ddrl.eval.runner import default_sampler
+    from ddrl.contract import model_view
     from ddrl.registry import SAMPLERS
     from ddrl.sampling.base import sample_in_chunks
     from ddrl.sampling.checks import FLAGS, check_sampler
@@ -403,7 +405,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         gen_length = 32
         modality = "text"
         image_grid: tuple[int, int] | None = None
-        if getattr(model, "max_seq_len", None):
+        if model_view(model).max_seq_len:
             gen_length = max(1, min(32, model.max_seq_len - len(model.tokenizer.encode(args.prompt)) - 1))
 
     # an image model's samples are images (written as a PNG grid below): sized and checked as an image task's
@@ -412,7 +414,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         _Len.modality, _Len.image_grid, _Len.gen_length = "image", grid, grid[0] * grid[1]
     check_modality(model, _Len())  # what the model cannot generate is refused before sampling
     cfg = default_sampler(model, _Len(), key=FLAGS, **{k: getattr(args, k) for k in _SAMPLER_KEYS})
-    check_sampler(cfg, FLAGS, block_size=getattr(model, "block_size", None) or None)  # named as flags
+    check_sampler(cfg, FLAGS, block_size=model_view(model).block_size)  # named as flags
     max_prompt = prompt_budget(model, cfg, "--max-prompt-length", "--gen-length")
     ids, mask = encode_prompts(model.tokenizer, [args.prompt] * args.n, max_length=max_prompt,
                                max_prompt_length=cfg.max_prompt_length, device=next(model.parameters()).device)
@@ -436,7 +438,10 @@ def _image_grid(model: Any, gen_length: int | None) -> tuple[int, int]:
     """(h, w) image codes per sample: the model's image_shape, else a square of --gen-length codes."""
     import math
 
-    shape = getattr(model, "image_shape", None)
+    from ddrl.contract import model_view
+
+    grid = model_view(model).image_grid
+    shape = None if grid is None else grid.image_shape
     if shape is not None and gen_length in (None, shape[0] * shape[1]):
         return int(shape[0]), int(shape[1])
     side = math.isqrt(gen_length or 0)

@@ -29,6 +29,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from ddrl.contract import CapabilityError, model_view
+
 
 class ChatPrompt(Protocol):
     """What this module reads of a chat prompt. ddrl.data sits below ddrl.tasks, so it names the
@@ -71,7 +73,7 @@ def prompt_budget(model: Any, sampler: Any, option: str = "rollout.max_prompt_le
     sampler.max_prompt_length fits in it: a cut that still leaves prompts too long is refused here,
     before any compute, not at the first long prompt. option, length_option: the settings' names
     in the caller's words (a config key, or `ddrl eval`'s flags)."""
-    max_seq_len = getattr(model, "max_seq_len", None)
+    max_seq_len = model_view(model).max_seq_len
     if not max_seq_len:
         return None
     budget = max_seq_len - sampler.gen_length
@@ -178,8 +180,9 @@ def as_stop_ids(ids: int | Iterable[int] | None) -> tuple[int, ...]:
 
 def model_stop_ids(model: Any) -> tuple[int, ...]:
     """The ids that end a completion: model.stop_token_ids, else (model.eos_token_id,), else ()."""
-    ids = getattr(model, "stop_token_ids", None)
-    return as_stop_ids(ids if ids is not None else getattr(model, "eos_token_id", None))
+    view = model_view(model)
+    ids = view.stop_token_ids
+    return as_stop_ids(ids if ids is not None else view.eos_token_id)
 
 
 def is_stop(completion_ids: Tensor, stop_ids: int | Iterable[int] | None) -> Tensor:
@@ -317,9 +320,10 @@ MODALITY_FIXES = {
 
 def model_modalities(model: Any) -> tuple[str, ...]:
     """What a model's completions can be, of MODALITIES: ("text",), ("image",) or ("text", "image")."""
-    image = callable(getattr(model, "decode_images", None)) and getattr(model, "image_token_range", None) is not None
-    codes_only = image and getattr(model, "logits_range", None) is not None and \
-        tuple(model.logits_range) == tuple(model.image_token_range)
+    view = model_view(model)
+    image = view.image_codec is not None
+    codes_only = (image and view.logits_range is not None
+                  and tuple(view.logits_range) == tuple(view.image_token_range or ()))
     return tuple(m for m, ok in (("text", not codes_only), ("image", image)) if ok)
 
 
@@ -327,7 +331,7 @@ def check_modality(model: Any, task: Any) -> None:
     """Refuse, before any compute, a task whose completions the model cannot generate: the modality, and
     an image task's grid where the model knows its own (the comment above)."""
     wanted, name = task_modality(task), getattr(task, "name", type(task).__name__)
-    family = getattr(model, "family", type(model).__name__)
+    family = model_view(model).family or type(model).__name__
     offered = model_modalities(model)
     if wanted not in offered:
         raise ValueError(f"modality mismatch: the {family} model generates {' and '.join(offered)} but task {name!r} "
@@ -335,9 +339,10 @@ def check_modality(model: Any, task: Any) -> None:
     if wanted != "image":
         return
     h, w = task_image_grid(task)
-    if not hasattr(model, "image_shape"):
+    grid = model_view(model).image_grid
+    if grid is None:  # the model takes the task's grid
         return
-    shape = model.image_shape
+    shape = grid.image_shape
     if shape is None and h != w:
         raise ValueError(f"task {name!r} asks for a {h}x{w} image grid, but the {family} model lays its image codes "
                          f"on a square grid (model.image_shape is None); use a square image_grid (e.g. "
@@ -353,11 +358,14 @@ def decode_image_ids(model: Any, completion_ids: Tensor, grid: tuple[int, int]) 
     """[n, h*w] image-token ids -> [n, 3, H, W] float32 pixels in [0, 1] through the model's decoder.
 
     The model's image tokens are ids image_token_range = (first, end): code c is id first + c."""
-    decode, span = getattr(model, "decode_images", None), getattr(model, "image_token_range", None)
-    if decode is None or span is None:
-        raise ValueError(f"an image task needs a model with an image decoder (model.decode_images and "
-                         f"model.image_token_range: URSA, MMaDA with its VQ model); this {getattr(model, 'family', '')} "
+    view = model_view(model)
+    codec = view.image_codec
+    if codec is None:
+        raise CapabilityError("image_codec", f"an image task needs a model with an image decoder "
+                              f"(model.decode_images and "
+                         f"model.image_token_range: URSA, MMaDA with its VQ model); this {view.family or ''} "
                          f"model has none")
+    span = view.require("image_token_range")  # an ImageCodec's is set (ModelView.image_codec)
     (h, w), (n, length) = grid, completion_ids.shape
     if length != h * w:
         raise ValueError(f"the completion has {length} tokens but the task's image grid {h}x{w} needs {h * w}; "
@@ -367,5 +375,5 @@ def decode_image_ids(model: Any, completion_ids: Tensor, grid: tuple[int, int]) 
     if bool(((codes < 0) | (codes >= end - first)).any()):  # one host read per batch of images
         raise ValueError(f"completion ids outside the image codebook [{first}, {end}): the sampler must draw "
                          f"image codes only (the model's logits_range)")
-    pixels = decode(codes.view(n, h, w))  # [n, 3, H, W]
+    pixels = codec.decode_images(codes.view(n, h, w))  # [n, 3, H, W]
     return pixels.float().clamp(0.0, 1.0)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddrl.config import RLConfig, load_config
+from ddrl.contract import model_view
 
 if TYPE_CHECKING:
     from ddrl.stats import Estimate
@@ -72,7 +73,7 @@ def run_demo(task: str = "mini_sudoku", method: str | None = None, steps: int | 
     trainer = Trainer(cfg)
     steps = cfg.eval.steps or cfg.rollout.steps  # sampler steps of the held-out score
     # parallel decoding (k tokens per call) has a one-token reference only where tokens are unmasked
-    few_step = getattr(trainer.model.process, "name", None) in ("masked", "block") and steps < cfg.rollout.gen_length
+    few_step = model_view(trainer.model).process_name in ("masked", "block") and steps < cfg.rollout.gen_length
     reference_before = reference_score(trainer) if few_step else None
     run_dir = trainer.run()
     elapsed = time.perf_counter() - start

@@ -8,9 +8,9 @@ positions it scores and the model computes only those:
     logits = kept_logits(model, ids, mask, logits_to_keep=positions)  # [B, K, V]: those positions
     logits = kept_logits(model, ids, mask, logits_to_keep=per_row)    # [B, K, V]: per_row [B, K], row b's own
 
-A model whose forward takes `logits_to_keep` (ddrl's DiffusionLM, also under DDP or FSDP2; see
-ddrl.models.diffusion_lm for how it reaches each backbone) computes only those; any other model
-computes every position and is sliced here, with the same result.
+A model whose forward takes `logits_to_keep` (it says so: ddrl.contract.ScoringModel; ddrl's
+DiffusionLM, also under DDP or FSDP2; see ddrl.models.diffusion_lm for how it reaches each backbone)
+computes only those; any other model computes every position and is sliced here, with the same result.
 
 An estimator that needs only log p(target) asks for that instead of logits:
 
@@ -24,14 +24,13 @@ and samplers import it.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import Any, TypeGuard
 
 import torch
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
+from ddrl.contract import scoring_arguments
 from ddrl.ops.logprobs import TargetRequest
 from ddrl.ops.value_checks import check_values
 
@@ -78,7 +77,7 @@ def kept_logits(model: Any, input_ids: Tensor, attention_mask: Tensor | None = N
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask
     inner = model.module if isinstance(model, DistributedDataParallel) else model  # DDP passes kwargs on
-    if class_range is not None and names_parameter(inner, "class_range"):
+    if class_range is not None and takes_argument(inner, "class_range"):
         kwargs["class_range"], class_range = class_range, None  # the model selects the ids
     logits = _kept(model, inner, input_ids, logits_to_keep, kwargs)
     return logits if class_range is None else logits[..., class_range[0]:class_range[1]]
@@ -87,7 +86,7 @@ def kept_logits(model: Any, input_ids: Tensor, attention_mask: Tensor | None = N
 def _kept(model: Any, inner: Any, input_ids: Tensor, logits_to_keep: LogitsToKeep, kwargs: dict) -> Tensor:
     if not keeps_some(logits_to_keep):
         return model(input_ids, **kwargs).logits
-    if names_parameter(inner, "logits_to_keep"):
+    if takes_argument(inner, "logits_to_keep"):
         return model(input_ids, logits_to_keep=logits_to_keep, **kwargs).logits
     logits = model(input_ids, **kwargs).logits  # [B, T, V]
     index = kept_index(logits_to_keep, input_ids.shape[1], logits.device, rows=input_ids.shape[0])
@@ -118,25 +117,14 @@ def kept_logprobs(model: Any, input_ids: Tensor, attention_mask: Tensor | None =
     """
     request = TargetRequest(targets, mask, class_range)
     inner = model.module if isinstance(model, DistributedDataParallel) else model
-    if names_parameter(inner, "targets"):
+    if takes_argument(inner, "targets"):
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask
         return model(input_ids, logits_to_keep=logits_to_keep, targets=request, **kwargs).target_logprobs
     return request.score(kept_logits(model, input_ids, attention_mask, logits_to_keep=logits_to_keep, **kwargs))
 
 
-def names_parameter(module: Any, name: str) -> bool:
-    """Whether module.forward (or the callable itself) takes `name`. Asked on every sampler step, so
-    the answer is cached per forward function (inspect.signature costs about as much as a tiny
-    model's layer)."""
-    module = getattr(module, "_orig_mod", module)  # under torch.compile: the compiled module's own forward
-    forward = getattr(module, "forward", module)
-    return _takes(getattr(forward, "__func__", forward), name)
-
-
-@functools.lru_cache(maxsize=256)
-def _takes(function: Any, name: str) -> bool:
-    try:
-        return name in inspect.signature(function).parameters
-    except (TypeError, ValueError):  # a builtin or C callable without a signature
-        return False
+def takes_argument(model: Any, name: str) -> bool:
+    """Whether the model's forward takes the scoring argument `name` (logits_to_keep, targets or
+    class_range): declared by the model (ddrl.contract.ScoringModel), never read off a signature."""
+    return name in scoring_arguments(model)

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ddrl.logits import kept_logprobs
+from ddrl.contract import model_view
 from ddrl.ops.logprobs import token_logprobs  # noqa: F401  (re-exported: the logits path's scoring)
 from ddrl.types import RolloutBatch
 
@@ -99,7 +100,8 @@ def forward_logprobs(model, prompt_in: Tensor, prompt_mask: Tensor, completion_i
     ids = torch.cat([prompt_in, completion_in], dim=1)  # [N, T]
     attention = torch.cat([prompt_mask.bool(), torch.ones(N, L, dtype=torch.bool, device=ids.device)], dim=1)
     keep: int | Tensor = L  # the completion: the last L positions ...
-    block_size = getattr(model, "block_size", None)
+    view = model_view(model)
+    block_size = view.block_size
     if block_size:  # ... unless a block model's last block is completed by mask tokens, as the sampler feeds it
         from ddrl.processes.block import block_tail, with_block_tail  # processes import this layer's types
 
@@ -107,7 +109,7 @@ def forward_logprobs(model, prompt_in: Tensor, prompt_mask: Tensor, completion_i
         if tail.shape[1]:
             ids, attention = with_block_tail(ids, attention, tail, model.mask_token_id)  # [N, T + E]
             keep = torch.arange(P, P + L, device=ids.device)
-    suffix = tuple(getattr(model, "completion_suffix", None) or ())  # fixed ids after the completion (MMaDA's <|eoi|>)
+    suffix = view.completion_suffix  # fixed ids after the completion (MMaDA's <|eoi|>)
     if suffix:
         if block_size:
             raise ValueError("a completion suffix on a block model is not supported")

@@ -39,6 +39,7 @@ from torch import Tensor
 from ddrl.estimators.common import generator_from_seed, random_subset_mask, uniform
 from ddrl.estimators.spg import sandwich_bounds
 from ddrl.logits import kept_logprobs
+from ddrl.contract import model_view
 from ddrl.registry import ESTIMATORS
 from ddrl.types import EstimatorOutput, RolloutBatch
 
@@ -73,7 +74,7 @@ class Staircase:
             raise ValueError(f"staircase: need 0 <= min_t <= max_t <= 1, got min_t={self.min_t}, max_t={self.max_t}")
 
     def resolve_block_size(self, model) -> int:
-        own = getattr(model, "block_size", None)
+        own = model_view(model).block_size
         if self.block_size and own and self.block_size != own:
             raise ValueError(f"estimator_args.block_size={self.block_size} contradicts the block model's block_size="
                              f"{own}: the ELBO would score a layout the model never runs; leave it unset")

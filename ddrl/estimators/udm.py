@@ -44,6 +44,9 @@ import torch
 from torch import Tensor
 
 from ddrl.estimators.common import forward_logprobs, generator_from_seed, masked_mean
+from ddrl.contract import model_view
+from ddrl.processes.metric_path import MetricPathProcess
+from ddrl.processes.uniform import ClassNoise
 from ddrl.registry import ESTIMATORS
 from ddrl.types import EstimatorOutput, RolloutBatch
 
@@ -96,7 +99,7 @@ class UDM:
             return self.states
         if self.t_values is not None:
             return "levels"
-        return "grid" if hasattr(process, "inference_flow_times") else "levels"
+        return "grid" if isinstance(process, MetricPathProcess) else "levels"
 
     def grid_start_index(self, seed: int) -> int:
         """The grid's first state of this call: start ~ U{grid_start[0] .. grid_start[1] - 1} from the seed."""
@@ -105,9 +108,9 @@ class UDM:
 
     def grid_times(self, process) -> Tensor:
         """ddrl times t = 1 - s of the grid's steps 0 .. grid_steps - 1, [grid_steps] float64."""
-        flow = getattr(process, "inference_flow_times", None)
         steps = torch.arange(self.grid_steps, dtype=torch.float64)
-        s = flow(self.grid_steps)[:-1] if flow is not None else steps / self.grid_steps
+        metric = isinstance(process, MetricPathProcess)
+        s = process.inference_flow_times(self.grid_steps)[:-1] if metric else steps / self.grid_steps
         return 1 - s
 
     def timesteps(self, seed: int, process=None) -> Tensor:
@@ -123,11 +126,11 @@ class UDM:
         return (self.t_min + (self.t_max - self.t_min) * u).float()
 
     def __call__(self, model, batch: RolloutBatch, seed: int) -> EstimatorOutput:
-        process = getattr(model, "process", None)
-        if process is None or not hasattr(process, "noise") or not hasattr(process, "num_classes"):
+        process = model_view(model).process
+        if not isinstance(process, ClassNoise):
             raise ValueError("the udm estimator needs a uniform-diffusion model: model.process with "
-                             "noise(), num_classes and offset")
-        offset, N = int(getattr(process, "offset", 0)), int(process.num_classes)
+                             "noise(), num_classes and offset (a UniformProcess or MetricPathProcess)")
+        offset, N = int(process.offset), int(process.num_classes)
         ts = self.timesteps(seed, process)  # [n_t]
         n_t, (B, L) = ts.shape[0], batch.completion_ids.shape
         real = batch.completion_mask.bool()

@@ -50,6 +50,7 @@ from ddrl.config import SamplerConfig
 from ddrl.data import check_modality
 from ddrl.eval.runner import (Scoring, default_sampler, pass_at_k, sample_and_score, summarize,
                               write_rows)
+from ddrl.contract import model_view
 from ddrl.registry import Registry
 from ddrl.sampling.checks import check_sampler
 from ddrl.tasks.presets import Preset, get_preset
@@ -167,7 +168,7 @@ def protocol_sampler(model: Any, task: Any, protocol: Protocol, gen_length: int,
                     early_exit=protocol.early_exit)
     settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
     sampler = default_sampler(model, task, key=key, **settings)
-    check_sampler(sampler, key, block_size=getattr(model, "block_size", None) or None)
+    check_sampler(sampler, key, block_size=model_view(model).block_size)
     return sampler
 
 

@@ -27,6 +27,7 @@ import torch
 
 from ddrl.config import SamplerConfig, validate_sampler
 from ddrl.data import check_modality, encode_prompts, prompt_budget, task_completions
+from ddrl.contract import model_view
 from ddrl.registry import SAMPLERS
 from ddrl.rewards.pixels import save_image_grid, to_uint8
 from ddrl.sampling.checks import AUTO, NOT_APPLICABLE, resolve_sampler
@@ -41,7 +42,7 @@ def default_sampler(model: Any, task: Any, *, key: str = "sampler", **overrides:
     gen = getattr(task, "gen_length", 16)
     cfg = SamplerConfig(name=name, steps=gen, gen_length=gen, block_length=gen, temperature=0.0)
     if name == "block":
-        bs = getattr(model, "block_size", None) or gen
+        bs = model_view(model).block_size or gen
         cfg.block_length = bs
     fields = {f.name for f in dataclasses.fields(SamplerConfig)}
     for k, v in overrides.items():

@@ -9,6 +9,8 @@ families (`layers`, `lm_head` by the contract in ddrl.models.native.base), Huggi
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -22,6 +24,26 @@ def base_model(backbone: Any) -> Any:
     """The model under a peft wrapper (LoRA), or the backbone itself (a Hugging Face, peft or native
     backbone, read by the attribute names they share: typed Any)."""
     return backbone.get_base_model() if hasattr(backbone, "get_base_model") else backbone
+
+
+def forward_takes(backbone: Any, name: str) -> bool:
+    """Whether a backbone's forward takes the keyword `name` (logits_to_keep, compute_logits, ...).
+
+    A DiffusionModel declares its scoring arguments (ddrl.contract.ScoringModel); the backbone
+    under it may be a transformers or user module, which states what it takes only through its
+    forward's signature, so it is read here, inside the model layer. Cached per forward function
+    (inspect.signature costs about as much as a tiny model's layer)."""
+    backbone = getattr(backbone, "_orig_mod", backbone)  # under torch.compile: the compiled module's own forward
+    forward = getattr(backbone, "forward", backbone)
+    return _takes(getattr(forward, "__func__", forward), name)
+
+
+@functools.lru_cache(maxsize=256)
+def _takes(function: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False
 
 
 def transformer_blocks(module: nn.Module) -> list[nn.Module]:

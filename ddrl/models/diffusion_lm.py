@@ -51,8 +51,9 @@ import torch
 from torch import Tensor, nn
 
 from ddrl.data import as_stop_ids
-from ddrl.logits import LogitsToKeep, kept_index, keeps_some, names_parameter, take_positions
-from ddrl.models.backbone import base_model, head_linear
+from ddrl.logits import LogitsToKeep, kept_index, keeps_some, take_positions
+from ddrl.models.backbone import base_model, forward_takes, head_linear
+from ddrl.contract import PROCESS_SAMPLERS, SCORING_ARGUMENTS
 from ddrl.models.io import CONFIG_FILE, atomic_directory, check_model_dir, read_json, write_json
 from ddrl.models.tokenizer import TOKENIZER_FILE, SymbolTokenizer
 from ddrl.models.transformer import Denoiser
@@ -136,6 +137,17 @@ class DiffusionLM(nn.Module):
     logprob_chunk: int | None = None
     logprob_backend: str = "auto"
     logits_range: tuple[int, int] | None = None
+
+    # The rest of the model contract (ddrl.contract.DiffusionModel): a family that has one of
+    # these overrides it; the values here say "not supported" by type.
+    scoring_arguments = SCORING_ARGUMENTS  # forward takes logits_to_keep, targets and class_range
+    attention: str = "native"  # how a mask reaches the backbone (ddrl.models.feeds)
+    canvas_length: int | None = None  # DiffusionGemma's canvas
+    emerge_schedule: str | None = None  # None: the emerge sampler follows the process's schedule
+    # Plain attributes (a test or a user may set them on any model); MMaDA and URSA derive theirs.
+    bov_token_id: int | None = None  # URSA's begin-of-image id
+    completion_suffix: tuple[int, ...] = ()  # fixed ids after the completion (MMaDA's <|eoi|>)
+    cfg_unconditional_prompt: tuple[int, ...] | None = None  # None: guidance masks the prompt
 
     def __init__(self, model: nn.Module, tokenizer: Any = None, *, mask_token_id: int | None = None,
                  pad_token_id: int | None = None, eos_token_id: int | None = None, bos_token_id: int | None = None,
@@ -238,6 +250,17 @@ class DiffusionLM(nn.Module):
         return self._process
 
     @property
+    def samplers(self) -> tuple[str, ...]:
+        """The samplers that decode this model as trained, its own first (rollout.name=auto picks it): the
+        family's (ddrl.models.families.FamilyFacts.samplers), else its process's (PROCESS_SAMPLERS; a
+        block-causal model decodes its own blocks)."""
+        from ddrl.models.families import family_facts  # families imports this module
+
+        own = family_facts(self.family).samplers
+        layout = "block" if self.block_size else self.process_spec["name"]
+        return own or PROCESS_SAMPLERS.get(layout, PROCESS_SAMPLERS["masked"])  # a user's process: the masked ones
+
+    @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
@@ -320,7 +343,7 @@ class DiffusionLM(nn.Module):
         a, b = checked
         base = base_model(self.model)
         head: Any = base if hasattr(base, "range_logits") else getattr(base, "lm_head", None)
-        if not (kind == "tensor" and names_parameter(base, "compute_logits") and hasattr(head, "range_logits")):
+        if not (kind == "tensor" and forward_takes(base, "compute_logits") and hasattr(head, "range_logits")):
             out, logits = self._kept_forward(run, input_ids, logits_to_keep, kind)
             return out, logits[..., a:b]
         T = input_ids.shape[1]
@@ -372,7 +395,7 @@ class DiffusionLM(nn.Module):
     def _fuses_head(self, kind: str | None) -> bool:
         """Whether the backbone can return its hidden states without logits and has a head to apply."""
         base = base_model(self.model)
-        return (self.fused_logprobs and kind == "tensor" and names_parameter(base, "compute_logits")
+        return (self.fused_logprobs and kind == "tensor" and forward_takes(base, "compute_logits")
                 and callable(getattr(base, "lm_head", None)))
 
     def _head_logprobs(self, hidden: Tensor, ids: Tensor, class_range: tuple[int, int] | None) -> Tensor:
@@ -558,7 +581,7 @@ def logits_to_keep_kind(backbone: nn.Module) -> str | None:
     base = base_model(backbone)
     if isinstance(base, Denoiser) or any(c.__module__.startswith(_NATIVE_PACKAGE) for c in type(base).__mro__):
         return "tensor"
-    return "int" if names_parameter(base, "logits_to_keep") else None
+    return "int" if forward_takes(base, "logits_to_keep") else None
 
 
 _NATIVE_PACKAGE = "ddrl.models.native."

@@ -14,6 +14,11 @@ the DiffusionLM around it:
 | diffusion_gemma | transformers' own class       | config / tokenizer | aligned      | uniform | "canvas" feed     |
 | ursa            | native (native/ursa.py)       | (pad id)           | shifted by 1 | metric_path | pipeline folder, VQ decoder |
 | generic         | transformers (+ remote code)  | config / tokenizer | aligned      | masked  | "native" feed     |
+| mdlm_dna        | ddrl.models.mdlm_dna (DNA CNN) | 4                 | aligned      | masked  | DRAKES / SEPO; `drakes` sampler |
+
+**Samplers.** `FamilyFacts.samplers` names the samplers that decode the family as trained, its own
+first (DiffusionLM.samplers; rollout.name=auto picks the first); a family that names none decodes
+with its process's (ddrl.contract.PROCESS_SAMPLERS).
 
 (The mask id of config.json, when it names one, comes before the family's. URSA is a diffusers
 pipeline folder with no top-level config.json: ddrl.models.ursa reads it, not ddrl.models.hf.)
@@ -60,21 +65,32 @@ class FamilyFacts:
     native_module: str | None = None  # ddrl.models.native.<module> registers the family's class
     tokenizer_vocab_only: bool = False  # sample only ids < len(tokenizer) (the model's vocabulary is padded)
     default_block_size: int | None = None  # a block family whose config.json names none (LLaDA2: 32)
+    # The samplers that decode the family as trained, its own first (rollout.name=auto picks it); None =
+    # its process's (ddrl.contract.PROCESS_SAMPLERS). DiffusionModel.samplers reads them.
+    samplers: tuple[str, ...] | None = None
+    editing_samplers: tuple[str, ...] | None = None  # a checkpoint that edits tokens (LLaDA2.1: token_editing)
 
 
 FAMILIES: dict[str, FamilyFacts] = {
     "llada": FamilyFacts(mask_token_id=126336, native=True, native_module="llada", tokenizer_vocab_only=True),
     "mmada": FamilyFacts(mask_token_id=126336, image_codebook=True, native=True, native_module="llada",
                          tokenizer_vocab_only=True),
+    # Dream also decodes with its own diffusion_generate, which its peers' recipes name (rollout.name=dream).
     "dream": FamilyFacts(mask_token_id=151666, logits_shifted=True, native=True, native_module="dream",
-                         tokenizer_vocab_only=True),
+                         tokenizer_vocab_only=True, samplers=("masked", "dream", "emerge")),
     "sdar": FamilyFacts(process="block", native=True, native_module="sdar", tokenizer_vocab_only=True),
+    # LLaDA2.0: threshold block decoding; 2.1 (token editing): its own sampler (ddrl.sampling.llada2).
     "llada2": FamilyFacts(process="block", native=True, native_module="llada2", tokenizer_vocab_only=True,
-                          default_block_size=32),
-    "diffusion_gemma": FamilyFacts(attention="canvas", process="uniform"),
+                          default_block_size=32, samplers=("block", "llada2_edit"),
+                          editing_samplers=("llada2_edit", "block")),
+    # DiffusionGemma denoises one canvas (its own sampler; ddrl's uniform sampler records a trajectory).
+    "diffusion_gemma": FamilyFacts(attention="canvas", process="uniform", samplers=("diffusion_gemma", "uniform")),
     "ursa": FamilyFacts(logits_shifted=True, process="metric_path", image_codebook=True, native=True,
                         native_module="ursa"),
     "generic": FamilyFacts(),
+    # DRAKES / SEPO's unconditional DNA model (read by ddrl.models.mdlm_dna, never through ddrl.models.hf):
+    # MDLM's DDPM steps with soft final steps.
+    "mdlm_dna": FamilyFacts(samplers=("drakes",)),
 }
 
 # Substrings of model_type / architectures / auto_map that name a family, tried in this order

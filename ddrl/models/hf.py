@@ -115,6 +115,15 @@ class HFDiffusionLM(DiffusionLM):
         self._feed = FEEDS.get(name)  # an unknown name lists the valid ones
         self._attention = name
 
+    @property
+    def samplers(self) -> tuple[str, ...]:
+        """DiffusionLM.samplers; a checkpoint that edits tokens (LLaDA2.1's config token_editing) puts
+        its family's editing sampler first."""
+        facts = family_facts(self.family)
+        if facts.editing_samplers and getattr(getattr(self.model, "config", None), "token_editing", False):
+            return facts.editing_samplers
+        return super().samplers
+
     # not DiffusionLM.forward's signature (override silenced): it names the backbone's cache arguments
     # instead of passing any **kwargs on
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,  # type: ignore[override]

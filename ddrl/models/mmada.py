@@ -136,12 +136,12 @@ class MMaDAImageLM(HFDiffusionLM):
     emerge_schedule = "cosine"
 
     @property
-    def completion_suffix(self) -> tuple[int, ...]:
+    def completion_suffix(self) -> tuple[int, ...]:  # type: ignore[override]  # derived here
         """The fixed ids after the completion: (<|eoi|>,)."""
         return (self.tokenizer.special["<|eoi|>"],)
 
     @property
-    def cfg_unconditional_prompt(self) -> tuple[int, ...] | None:
+    def cfg_unconditional_prompt(self) -> tuple[int, ...] | None:  # type: ignore[override]  # derived here
         """The guidance pass's prompt: the empty caption laid out as a prompt (None: ddrl's masked prompt)."""
         return tuple(self.tokenizer.encode_prompt("")) if self.cfg_unconditional == "empty_prompt" else None
 

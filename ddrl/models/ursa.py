@@ -149,7 +149,7 @@ class URSADiffusionLM(HFDiffusionLM):
 
     # ------------------------------------------------------------------ what URSA adds
     @property
-    def bov_token_id(self) -> int:
+    def bov_token_id(self) -> int:  # type: ignore[override]  # derived here
         return int(self.model.config.bov_token_id)
 
     @property

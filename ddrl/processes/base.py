@@ -1,12 +1,18 @@
-"""What every forward (noising) process shares: a schedule, time sampling, input checks.
+"""What every forward (noising) process shares: time sampling, input checks, and the interface.
 
 Masked, uniform and block diffusion are implementations of one small interface (the shape of
-SEDD's `Graph` with its `Absorbing` and `Uniform` subclasses):
+SEDD's `Graph` with its `Absorbing` and `Uniform` subclasses, which state their abstract methods):
 
-    t = process.sample_t(B, generator=g, device=d)                  # [B]
-    xt, noised = process.noise(x0, t, generator=g, eligible=e)     # [B, L], [B, L] bool
-    nelbo = process.nelbo(logits, x0, noised, t, xt=xt)            # [B]
+    t = process.sample_t(B, generator=g, device=d)                  # [B]          every process
+    xt, noised = process.noise(x0, t, generator=g, eligible=e)     # [B, L] x2    every process
     loss, stats = process.pretrain_loss(model, x0, eligible, attention_mask, generator=g)
+    nelbo = process.nelbo(logits, x0, noised, t, xt=xt)            # [B]          ScheduledProcess
+    a = process.alpha(t)                                            #              ScheduledProcess
+
+`ForwardProcess` is what every process implements; `ScheduledProcess` adds a noise schedule
+alpha(t) and a closed-form NELBO (masked, block, uniform). URSA's metric path
+(ddrl.processes.metric_path) is a ForwardProcess without them: a caller that needs a NELBO or a
+schedule takes a ScheduledProcess.
 
 Times: t = 0 is clean, t = 1 is noise. `sample_t` draws t ~ U[eps, 1]: the NELBO weight blows up
 as t -> 0 (1/t for the linear masked schedule), so like MDLM we truncate at eps; the estimate is then
@@ -16,6 +22,9 @@ by O(eps).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -23,14 +32,23 @@ from ddrl.processes.draws import uniform_draw
 from ddrl.processes.schedules import Schedule, get_schedule
 
 
-class ForwardProcess:
-    name: str = ""
+class ForwardProcess(ABC):
+    """A forward (noising) process over token ids: times, noise, and its pretraining loss."""
 
-    def __init__(self, schedule: str | Schedule = "linear"):
-        self.schedule = get_schedule(schedule)
+    name: str = ""  # the name it is registered under (ddrl.registry.PROCESSES)
 
-    def alpha(self, t: Tensor) -> Tensor:
-        return self.schedule.alpha(t)
+    @abstractmethod
+    def noise(self, x0: Tensor, t: Tensor, *, generator: torch.Generator,
+              eligible: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """x0 [B, L] ids, t [B] or [B, L] -> (xt [B, L], noised [B, L] bool: the positions the loss scores).
+        Positions outside eligible (the prompt) are copied unchanged."""
+
+    @abstractmethod
+    def pretrain_loss(self, model: Any, x0: Tensor, eligible: Tensor, attention_mask: Tensor | None = None, *,
+                      generator: torch.Generator, eps: float = 1e-3,
+                      num_tokens: float | Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """The denoiser's pretraining loss per eligible token (a scalar to backpropagate) and its stats: one
+        draw of t >= eps; num_tokens: the global eligible-token count (default: this batch's)."""
 
     def sample_t(self, batch_size: int, *, generator: torch.Generator, device: torch.device | str | None = None,
                  eps: float = 1e-3, stratified: bool = False) -> Tensor:
@@ -58,6 +76,22 @@ class ForwardProcess:
         if t.dim() == 2 and tuple(t.shape) == (B, L):
             return t
         raise ValueError(f"t must have shape [B]=[{B}] or [B, L]=[{B}, {L}], got {list(t.shape)}")
+
+
+class ScheduledProcess(ForwardProcess):
+    """A process with a noise schedule alpha(t) (the probability a token is still clean at time t) and a
+    closed-form continuous-time NELBO: masked, block and uniform diffusion."""
+
+    def __init__(self, schedule: str | Schedule = "linear"):
+        self.schedule = get_schedule(schedule)
+
+    def alpha(self, t: Tensor) -> Tensor:
+        return self.schedule.alpha(t)
+
+    @abstractmethod
+    def nelbo(self, logits: Tensor, x0: Tensor, noised: Tensor, t: Tensor, xt: Tensor | None = None) -> Tensor:
+        """The NELBO per sequence [B] of x0 [B, L] from the denoiser's logits [B, L, V] on x_t, summed over
+        the noised positions [B, L] (one draw of t [B] or [B, L]); xt: the noisy ids, where the process needs them."""
 
 
 def check_tokens(x0: Tensor, name: str = "x0") -> None:

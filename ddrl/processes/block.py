@@ -52,6 +52,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ddrl.contract import model_view
 from ddrl.logits import kept_logits
 from ddrl.processes.base import check_eligible, check_tokens
 from ddrl.processes.masked import MaskedProcess, _per_token_loss
@@ -283,7 +284,7 @@ def _elbo_from_logits(process: BlockMaskedProcess, logits: Tensor, completion_id
 
 
 def _make_process(model: Any, block_size: int, mask_token_id: int | None, schedule: str) -> BlockMaskedProcess:
-    mask_id = getattr(model, "mask_token_id", None) if mask_token_id is None else mask_token_id
+    mask_id = model_view(model).mask_token_id if mask_token_id is None else mask_token_id
     if mask_id is None:
         raise ValueError("no mask token id: pass mask_token_id=... or use a model with a .mask_token_id attribute")
     return BlockMaskedProcess(mask_id, block_size, schedule)

@@ -21,14 +21,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ddrl.processes.base import ForwardProcess, check_eligible, check_logits, check_tokens
+from ddrl.processes.base import ScheduledProcess, check_eligible, check_logits, check_tokens
 from ddrl.processes.draws import uniform_draw
 from ddrl.processes.schedules import Schedule
 from ddrl.registry import PROCESSES
 
 
 @PROCESSES.register("masked")
-class MaskedProcess(ForwardProcess):
+class MaskedProcess(ScheduledProcess):
     name = "masked"
 
     def __init__(self, mask_token_id: int, schedule: str | Schedule = "linear"):

@@ -29,8 +29,9 @@ The reverse CTMC that samples with this path is ddrl.sampling.metric_path.
 Where this deviates from theirs: their distance writes into the logits tensor it is handed (in place);
 here no argument is modified (`velocity` works in place on its own temporaries only). Their pipeline
 keeps the codebook in float16 unless given a dtype; here it is float32 (the goldens compare with their
-path in float32). There is no NELBO (URSA trains with plain cross-entropy, `ce_loss`): `nelbo` and the
-uniform process's `posterior` raise.
+path in float32). There is no NELBO (URSA trains with plain cross-entropy, `ce_loss`) and no uniform posterior: the
+process is a sibling of UniformProcess (ddrl.processes.uniform.ClassProcess), not a subclass, so it has
+neither `nelbo` nor `posterior` nor a schedule alpha(t).
 """
 
 from __future__ import annotations
@@ -42,20 +43,24 @@ from torch import Tensor
 
 from ddrl.processes.base import check_eligible, check_tokens
 from ddrl.processes.draws import sample_categorical, uniform_draw
-from ddrl.processes.uniform import UniformProcess
+from ddrl.processes.uniform import ClassProcess
 from ddrl.registry import PROCESSES
 
 TRAIN_SIGMA_SPAN = 0.999  # sample_timesteps: sigma = 1 - 0.999 u, so s stays below 1
 
 
 @PROCESSES.register("metric_path")
-class MetricPathProcess(UniformProcess):
+class MetricPathProcess(ClassProcess):
     """The metric path over the N classes offset .. offset + N - 1 (the image codes of an URSA model).
 
     codebook: [N, D] embedding of the classes (URSA: scheduler_model.pth "path.emb"), or nested lists
               (a process_spec in config.json); L2-normalised here, so a 1-D codebook collapses to +-1
               (every distance 0): give gray levels g at least two dimensions, e.g. (cos(pi g/2), sin(pi g/2)).
     alpha, c: the path's exponent and scale (scheduler_config.json); shift: the time shift k.
+
+    A ForwardProcess, sibling of the uniform process (both ClassProcess): it has no schedule alpha(t)
+    (`alpha` is the path's exponent), no closed-form NELBO and no uniform posterior, so it is never asked
+    for them (a caller that needs them takes a ScheduledProcess / UniformProcess).
     """
 
     name = "metric_path"
@@ -69,9 +74,7 @@ class MetricPathProcess(UniformProcess):
         for name, value in (("alpha", alpha), ("c", c), ("shift", shift)):
             if not float(value) > 0:
                 raise ValueError(f"{name} must be > 0, got {value!r} (scheduler_config.json)")
-        # the float exponent shadows UniformProcess.alpha(t) (and this class's own alpha(t) below, which is
-        # unreachable): issue 35 makes the metric path a sibling of UniformProcess; drop these ignores then
-        self.alpha, self.c, self.shift, self.eps = float(alpha), float(c), float(shift), float(eps)  # type: ignore[method-assign,assignment]
+        self.alpha, self.c, self.shift, self.eps = float(alpha), float(c), float(shift), float(eps)
         self.emb = torch.nn.functional.normalize(emb, dim=-1, eps=self.eps)  # ê [N, D]
         self._sumsq = self.emb.square().sum(-1)  # ||ê||² [N]
 
@@ -86,11 +89,11 @@ class MetricPathProcess(UniformProcess):
     # ---------------------------------------------------------------- the path (flow time s)
     def beta(self, s: Tensor | float) -> Tensor:
         s = torch.as_tensor(s, dtype=torch.float64)
-        return self.c * (s / (1 - s)) ** self.alpha  # type: ignore[arg-type]  # the float exponent (above)
+        return self.c * (s / (1 - s)) ** self.alpha
 
     def beta_prime(self, s: Tensor | float) -> Tensor:
         s = torch.as_tensor(s, dtype=torch.float64)
-        alpha: float = self.alpha  # type: ignore[assignment]  # the float exponent (above)
+        alpha = self.alpha
         return torch.where(s > 0, self.c * alpha * s.clamp_min(1e-300) ** (alpha - 1)
                            / (1 - s) ** (alpha + 1), torch.zeros_like(s))
 
@@ -166,26 +169,14 @@ class MetricPathProcess(UniformProcess):
         drawn = self.offset + sample_categorical(probs, generator=generator)
         return torch.where(eligible, drawn, x0), eligible
 
-    def nelbo(self, *args: Any, **kwargs: Any) -> Tensor:
-        raise ValueError("the metric path has no closed-form NELBO in ddrl; URSA trains with cross-entropy "
-                         "(pretrain_loss(loss='ce'), MetricPathProcess.ce_loss)")
-
-    def posterior(self, *args: Any, **kwargs: Any) -> Tensor:
-        raise ValueError("the metric path is sampled by its CTMC jump rule, not the uniform posterior; use the "
-                         "metric_path sampler (rollout.name=metric_path)")
-
-    def alpha(self, t: Tensor) -> Tensor:
-        raise ValueError("the metric path has no alpha(t) schedule: its marginal is p_s(x | x1) = "
-                         "softmax(-beta(s) d(x, x1)) (path_probs, flow time s = 1 - t)")
-
     def pretrain_loss(self, model: Any, x0: Tensor, eligible: Tensor, attention_mask: Tensor | None = None, *,
                       generator: torch.Generator, loss: str = "ce", eps: float = 1e-3,
                       num_tokens: float | Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """URSA's pretraining loss: cross-entropy of x0 at every eligible position of x_t ~ p_s(. | x0)."""
         if loss != "ce":
             raise ValueError(f"loss={loss!r}: the metric path trains with URSA's cross-entropy only (loss='ce')")
-        return super().pretrain_loss(model, x0, eligible, attention_mask, generator=generator, loss="ce", eps=eps,
-                                     num_tokens=num_tokens)
+        return self._pretrain_loss(model, x0, eligible, attention_mask, generator=generator, loss="ce", eps=eps,
+                                   num_tokens=num_tokens)
 
     # ---------------------------------------------------------------- helpers
     def _on(self, like: Tensor) -> Tensor:

@@ -28,12 +28,13 @@ position, no time weight (Yovecent/UDM-GRPO diffnext/pipelines/ursa/pipeline_tra
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from ddrl.processes.base import ForwardProcess, check_eligible, check_logits, check_tokens, log_probs
+from ddrl.processes.base import (ForwardProcess, ScheduledProcess, check_eligible, check_logits, check_tokens,
+                                 log_probs)
 from ddrl.processes.draws import randint_draw, uniform_draw
 from ddrl.processes.masked import _per_token_loss
 from ddrl.processes.schedules import Schedule
@@ -42,18 +43,94 @@ from ddrl.registry import PROCESSES
 _LOSSES = ("elbo", "ce")
 
 
-@PROCESSES.register("uniform")
-class UniformProcess(ForwardProcess):
-    name = "uniform"
+@runtime_checkable
+class ClassNoise(Protocol):
+    """What an estimator that renoises over N classes needs of a process (ddrl.estimators.udm): the classes
+    offset .. offset + num_classes - 1 and their forward noise. Every ClassProcess has it."""
 
-    def __init__(self, num_classes: int, offset: int = 0, schedule: str | Schedule = "linear"):
+    num_classes: int
+    offset: int
+
+    def noise(self, x0: Tensor, t: Tensor, *, generator: torch.Generator,
+              eligible: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+
+
+class ClassProcess(ForwardProcess):
+    """A process over N classes, the token ids offset .. offset + N - 1: what the uniform process and
+    URSA's metric path (ddrl.processes.metric_path) share: the classes, the model's distribution over
+    them, URSA's cross-entropy loss and the pretraining step around a per-sequence loss."""
+
+    def __init__(self, num_classes: int, offset: int = 0):
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be an int >= 2 (the number of token ids the process mixes over), got {num_classes!r}")
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be a non-negative int (the vocabulary id of class 0), got {offset!r}")
-        super().__init__(schedule)
         self.num_classes = num_classes
         self.offset = offset
+
+    def class_log_probs(self, logits: Tensor, scored: Tensor | None = None) -> Tensor:
+        """log x_theta [..., N]: the model's distribution renormalised over the N classes.
+
+        scored: optional [...] bool; elsewhere the logits are replaced by zeros first, so a position
+        that is not scored (a prompt token whose class logits may all be -inf) cannot put NaN into
+        the values or the gradient.
+        """
+        hi = self.offset + self.num_classes
+        if logits.shape[-1] < hi:
+            raise ValueError(
+                f"the logits have {logits.shape[-1]} entries but the process needs ids offset..offset+num_classes-1 "
+                f"= {self.offset}..{hi - 1}; set num_classes/offset to fit the model's vocabulary"
+            )
+        class_logits = logits[..., self.offset:hi]
+        if scored is not None:
+            class_logits = class_logits.masked_fill(~scored.unsqueeze(-1), 0.0)
+        return log_probs(class_logits)
+
+    def ce_loss(self, logits: Tensor, x0: Tensor, noised: Tensor) -> Tensor:
+        """URSA's loss per sequence [B]: sum over noised positions of -log x_theta(x_0), no time weight."""
+        check_logits(logits, x0, noised)
+        self._check_classes(x0, noised, "x0")
+        c = (x0 - self.offset).clamp(0, self.num_classes - 1)
+        nll = -self.class_log_probs(logits, noised).gather(-1, c.unsqueeze(-1)).squeeze(-1)  # [B, L]
+        return torch.where(noised, nll, torch.zeros_like(nll)).sum(dim=1)
+
+    def sequence_loss(self, loss: str, logits: Tensor, x0: Tensor, noised: Tensor, t: Tensor, xt: Tensor) -> Tensor:
+        """One draw's loss per sequence [B]: URSA's cross-entropy (loss="ce"; UniformProcess adds "elbo")."""
+        return self.ce_loss(logits, x0, noised)
+
+    def _pretrain_loss(self, model: Any, x0: Tensor, eligible: Tensor, attention_mask: Tensor | None, *,
+                       generator: torch.Generator, loss: str, eps: float,
+                       num_tokens: float | Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+        """One pretraining draw: t, x_t, the model's logits and sequence_loss, per eligible token."""
+        check_tokens(x0)
+        eligible = check_eligible(eligible, x0)
+        t = self.sample_t(x0.shape[0], generator=generator, device=x0.device, eps=eps)  # [B]
+        xt, noised = self.noise(x0, t, generator=generator, eligible=eligible)
+        logits = model(xt, attention_mask=attention_mask).logits  # [B, T, V]
+        out, stats = _per_token_loss(self.sequence_loss(loss, logits, x0, noised, t, xt), eligible, noised, num_tokens)
+        # Every eligible token is noised under this process; the informative number is how many changed.
+        stats["noised_frac"] = (((xt != x0) & eligible).sum() / eligible.sum().clamp(min=1)).float()
+        if loss == "ce":
+            stats["ce_per_token"] = stats.pop("nelbo_per_token")
+        return out, stats
+
+    def _check_classes(self, ids: Tensor, where: Tensor, name: str) -> None:
+        lo, hi = self.offset, self.offset + self.num_classes
+        bad = where & ((ids < lo) | (ids >= hi))
+        if bool(bad.any()):
+            raise ValueError(
+                f"{name} holds ids outside the process classes [{lo}, {hi}) at positions it must noise/score; "
+                f"mark only class tokens as eligible, or fix num_classes/offset"
+            )
+
+
+@PROCESSES.register("uniform")
+class UniformProcess(ClassProcess, ScheduledProcess):
+    name = "uniform"
+
+    def __init__(self, num_classes: int, offset: int = 0, schedule: str | Schedule = "linear"):
+        ClassProcess.__init__(self, num_classes, offset)
+        ScheduledProcess.__init__(self, schedule)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(num_classes={self.num_classes}, offset={self.offset}, "
@@ -113,24 +190,6 @@ class UniformProcess(ForwardProcess):
         """-alpha'(t) / (N alpha(t)) >= 0, the time weight in front of the per-token divergence."""
         return -self.schedule.alpha_prime(t) / (self.num_classes * self.alpha(t))
 
-    def class_log_probs(self, logits: Tensor, scored: Tensor | None = None) -> Tensor:
-        """log x_theta [..., N]: the model's distribution renormalised over the N classes.
-
-        scored: optional [...] bool; elsewhere the logits are replaced by zeros first, so a position
-        that is not scored (a prompt token whose class logits may all be -inf) cannot put NaN into
-        the values or the gradient.
-        """
-        hi = self.offset + self.num_classes
-        if logits.shape[-1] < hi:
-            raise ValueError(
-                f"the logits have {logits.shape[-1]} entries but the process needs ids offset..offset+num_classes-1 "
-                f"= {self.offset}..{hi - 1}; set num_classes/offset to fit the model's vocabulary"
-            )
-        class_logits = logits[..., self.offset:hi]
-        if scored is not None:
-            class_logits = class_logits.masked_fill(~scored.unsqueeze(-1), 0.0)
-        return log_probs(class_logits)
-
     def nelbo(self, logits: Tensor, x0: Tensor, noised: Tensor, t: Tensor, xt: Tensor | None = None) -> Tensor:
         """Closed-form continuous-time UDLM NELBO per sequence [B] (one t draw), summed over noised positions.
 
@@ -172,14 +231,6 @@ class UniformProcess(ForwardProcess):
         """log(N a x + (1 - a)) from log x [..., N] and alpha a [..., 1]; exact for tiny x and at a in {0, 1}."""
         return torch.logaddexp(torch.log(self.num_classes * a) + log_x, torch.log1p(-a))
 
-    def ce_loss(self, logits: Tensor, x0: Tensor, noised: Tensor) -> Tensor:
-        """URSA's loss per sequence [B]: sum over noised positions of -log x_theta(x_0), no time weight."""
-        check_logits(logits, x0, noised)
-        self._check_classes(x0, noised, "x0")
-        c = (x0 - self.offset).clamp(0, self.num_classes - 1)
-        nll = -self.class_log_probs(logits, noised).gather(-1, c.unsqueeze(-1)).squeeze(-1)  # [B, L]
-        return torch.where(noised, nll, torch.zeros_like(nll)).sum(dim=1)
-
     def pretrain_loss(self, model: Any, x0: Tensor, eligible: Tensor, attention_mask: Tensor | None = None, *,
                       generator: torch.Generator, loss: str = "elbo", eps: float = 1e-3,
                       num_tokens: float | Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
@@ -190,24 +241,9 @@ class UniformProcess(ForwardProcess):
         """
         if loss not in _LOSSES:
             raise ValueError(f"loss={loss!r} is not a uniform-diffusion loss; choose one of: {', '.join(_LOSSES)}")
-        check_tokens(x0)
-        eligible = check_eligible(eligible, x0)
-        t = self.sample_t(x0.shape[0], generator=generator, device=x0.device, eps=eps)  # [B]
-        xt, noised = self.noise(x0, t, generator=generator, eligible=eligible)
-        logits = model(xt, attention_mask=attention_mask).logits  # [B, T, V]
-        per_seq = self.nelbo(logits, x0, noised, t, xt=xt) if loss == "elbo" else self.ce_loss(logits, x0, noised)
-        out, stats = _per_token_loss(per_seq, eligible, noised, num_tokens)
-        # Every eligible token is noised under this process; the informative number is how many changed.
-        stats["noised_frac"] = (((xt != x0) & eligible).sum() / eligible.sum().clamp(min=1)).float()
-        if loss == "ce":
-            stats["ce_per_token"] = stats.pop("nelbo_per_token")
-        return out, stats
+        return self._pretrain_loss(model, x0, eligible, attention_mask, generator=generator, loss=loss, eps=eps,
+                                   num_tokens=num_tokens)
 
-    def _check_classes(self, ids: Tensor, where: Tensor, name: str) -> None:
-        lo, hi = self.offset, self.offset + self.num_classes
-        bad = where & ((ids < lo) | (ids >= hi))
-        if bool(bad.any()):
-            raise ValueError(
-                f"{name} holds ids outside the process classes [{lo}, {hi}) at positions it must noise/score; "
-                f"mark only class tokens as eligible, or fix num_classes/offset"
-            )
+    def sequence_loss(self, loss: str, logits: Tensor, x0: Tensor, noised: Tensor, t: Tensor, xt: Tensor) -> Tensor:
+        """One draw's loss per sequence [B]: the UDLM NELBO (loss="elbo") or URSA's cross-entropy ("ce")."""
+        return self.nelbo(logits, x0, noised, t, xt=xt) if loss == "elbo" else self.ce_loss(logits, x0, noised)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from ddrl.contract import model_view
 from ddrl.processes.draws import RowGenerators, chunk_seeds, row_chunks
 from ddrl.sampling.utils import keyed_seed
 from ddrl.types import Trajectory
@@ -35,7 +36,7 @@ class SampleOutput:
 
 def model_mask_id(model, fix: str = "set mask_token_id in the model config") -> int:
     """The model's mask token, which every masked-diffusion sampler needs; `fix` says where to set it."""
-    mask_id = getattr(model, "mask_token_id", None)
+    mask_id = model_view(model).mask_token_id
     if mask_id is None:
         raise ValueError(f"model.mask_token_id is None; masked-diffusion samplers need the model's mask token ({fix})")
     return int(mask_id)

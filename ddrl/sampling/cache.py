@@ -89,7 +89,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ddrl.logits import names_parameter
+from ddrl.logits import takes_argument
+from ddrl.contract import model_view
 from ddrl.processes.block import block_attention, position_ids_from_mask
 from ddrl.sampling.utils import completion_logits, guided_logits
 
@@ -136,6 +137,7 @@ def accepts_cache(model: Any) -> bool:
     seen = 0
     model = _unwrapped(model)
     while model is not None and seen < 8:
+        # A Hugging Face or user backbone states whether it takes a cache only by its signature.
         forward = getattr(model, "forward", None) or (model if callable(model) else None)
         if forward is None:
             return False
@@ -147,7 +149,7 @@ def accepts_cache(model: Any) -> bool:
             return True
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             return False
-        inner = getattr(model, "model", None)
+        inner = getattr(model, "model", None)  # the backbone under a wrapper, if any
         if inner is None or inner is model:
             return True  # **kwargs all the way down: let the first call tell
         model, seen = inner, seen + 1
@@ -254,9 +256,9 @@ def _call_keep(model: Any, ids: Tensor, keep: int | Tensor, class_range: tuple[i
     The block's logits are all a step reads: at LLaDA's V = 126k the head over the whole sequence
     would be most of the call's memory."""
     inner = getattr(_unwrapped(model), "module", _unwrapped(model))  # DDP
-    if class_range is not None and names_parameter(inner, "class_range"):
+    if class_range is not None and takes_argument(inner, "class_range"):
         kwargs["class_range"], class_range = class_range, None  # the model computes those ids alone
-    if names_parameter(inner, "logits_to_keep"):
+    if takes_argument(inner, "logits_to_keep"):
         out = _call(model, ids, logits_to_keep=keep, **kwargs)
         logits = out.logits
     else:
@@ -304,7 +306,7 @@ class ApproxBlockCache:
                  mask_id: int, dual: bool, class_range: tuple[int, int] | None = None):
         self.model, self.prompt_ids, self.prompt_mask = model, prompt_ids, prompt_mask
         self.cfg_scale, self.mask_id, self.dual, self.class_range = cfg_scale, mask_id, dual, class_range
-        self.context = 1 if getattr(model, "logits_shifted", False) else 0
+        self.context = 1 if model_view(model).logits_shifted else 0
         # No prompt mask (the sampler drops an all-ones one): every key is real, so no call passes a
         # mask and the model keeps its unmasked attention kernel; positions are then the default ones.
         self.all_valid = prompt_mask is None
@@ -342,7 +344,7 @@ class ApproxBlockCache:
             out, block = _call_keep(self.model, ids, torch.arange(P + s, P + e, device=ids.device), self.class_range,
                                     attention_mask=given(valid), use_cache=True)
             self.cached_tokens += ids.numel()
-            layers = cache_layers(getattr(out, "past_key_values", None))
+            layers = cache_layers(getattr(out, "past_key_values", None))  # a bare model's output may have none
             if layers is None:
                 self._give_up("returned no past_key_values with use_cache=True", s, e)
             else:
@@ -420,7 +422,7 @@ class ExactBlockCache(BlockCausalForward):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.context = 1 if getattr(self.model, "logits_shifted", False) else 0
+        self.context = 1 if model_view(self.model).logits_shifted else 0
         self.kv = _KVBuffer(self.inputs.valid.shape[1])  # positions [0, self.cached) are final
         self.cached = 0
         self.like: Any = None
@@ -440,7 +442,7 @@ class ExactBlockCache(BlockCausalForward):
                                 position_ids=self.positions[:, lo:P + e], past_key_values=past, use_cache=want_cache)
         self.forward_tokens += ids[:, lo:P + e].numel()
         if step == 0:
-            layers = cache_layers(getattr(out, "past_key_values", None))
+            layers = cache_layers(getattr(out, "past_key_values", None))  # a bare model's output may have none
             if layers is None:
                 _warn_once(self.model, "returned no past_key_values with use_cache=True")
                 self.use_cache = False  # these logits are still right: this call saw blocks <= b
@@ -461,8 +463,9 @@ def block_forward(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *,
     The settings were checked by ddrl.sampling.checks.check_sampler (the cache choice; prefix/dual on a
     block-causal model need sampler blocks of whole model blocks); "auto" on unaligned blocks runs uncached."""
     common: dict[str, Any] = dict(cfg_scale=cfg_scale, mask_id=mask_id, class_range=class_range)
-    block_size = getattr(model, "block_size", None)
-    if getattr(model, "completion_suffix", None) or getattr(model, "cfg_unconditional_prompt", None) is not None:
+    view = model_view(model)
+    block_size = view.block_size
+    if view.completion_suffix or view.cfg_unconditional_prompt is not None:
         if block_size or cache not in ("none", "auto"):  # its suffix / guidance prompt live in completion_logits
             raise ValueError(f"this model's layout (a completion suffix, its own guidance prompt) runs without a KV "
                              f"cache on full-attention models only; set rollout.cache=none (got {cache!r})")
@@ -502,6 +505,7 @@ def compiled_model(model: Any, *, static: bool) -> Any:
     past) dynamo's automatic dynamic shapes: recompiled with symbolic sizes after the first change.
     A new wrapper per call costs nothing: dynamo keeps the compiled code with the model's forward, so
     the next sampler call on the same model reuses it."""
+    # A plain callable has no parameters (it runs where its inputs are).
     cuda = any(p.is_cuda for p in model.parameters()) if hasattr(model, "parameters") else False
     compiled = torch.compile(model, mode="reduce-overhead" if cuda else None, dynamic=False if static else None)
     if cuda:
@@ -518,4 +522,4 @@ def _begin_step(model: Any) -> None:
 
 def _unwrapped(model: Any) -> Any:
     """The module torch.compile wrapped (its forward's signature is the one to read), else the model."""
-    return getattr(model, "_orig_mod", model)
+    return getattr(model, "_orig_mod", model)  # torch.compile's wrapper keeps the module there

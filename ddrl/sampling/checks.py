@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ddrl.contract import model_view
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.cache import CACHE_MODES
 from ddrl.sampling.commit import REMASKING
@@ -246,33 +247,9 @@ def setting(key: str, field: str) -> str:
 
 def model_samplers(model: Any) -> tuple[str, ...]:
     """The samplers that decode this model as it was trained, its family's own first (the one
-    rollout.name=auto picks).
-
-    A block-causal model (SDAR/TraDo, ddrl's block models) decodes its own blocks: the masked
-    sampler would run semi-AR blocks of any length over it. DiffusionGemma denoises one canvas
-    (its own sampler; ddrl's uniform sampler records a trajectory). Uniform-process models take the
-    uniform sampler; a metric-path model (URSA) the metric path's CTMC sampler only (the uniform
-    posterior does not exist there). Masked models take the masked sampler, MaskGRPO's emerge or
-    MMaDA's maskgit; Dream also its own diffusion_generate, which its peers' recipes name explicitly
-    (rollout.name=dream)."""
-    family = getattr(model, "family", None)
-    process = (getattr(model, "process_spec", None) or {}).get("name", "masked")
-    if family == "diffusion_gemma":
-        return ("diffusion_gemma", "uniform")
-    if family == "llada2":  # 2.0: threshold block decoding; 2.1 (token editing): its own (ddrl.sampling.llada2)
-        editing = getattr(getattr(getattr(model, "model", None), "config", None), "token_editing", False)
-        return ("llada2_edit", "block") if editing else ("block", "llada2_edit")
-    if family == "mdlm_dna":  # unconditional DNA (DRAKES / SEPO): MDLM's DDPM steps with soft final steps
-        return ("drakes",)
-    if getattr(model, "block_size", None) or process == "block":
-        return ("block",)
-    if process == "uniform":
-        return ("uniform",)
-    if process == "metric_path":  # URSA: the CTMC jumps over its codebook's distances
-        return ("metric_path",)
-    if family == "dream":
-        return ("masked", "dream", "emerge")
-    return ("masked", "emerge", "maskgit")
+    rollout.name=auto picks): the model's own `samplers` (ddrl.models.families.FamilyFacts.samplers,
+    else its process's: ddrl.contract.PROCESS_SAMPLERS); a bare denoiser's by its layout."""
+    return model_view(model).samplers
 
 
 def resolve_sampler(model: Any, name: str, key: str = "rollout") -> str:
@@ -282,7 +259,7 @@ def resolve_sampler(model: Any, name: str, key: str = "rollout") -> str:
     if name == AUTO:
         return fits[0]
     if name in SAMPLERS and name not in fits:
-        family = getattr(model, "family", None) or "this"
+        family = model_view(model).family or "this"
         spell = setting(key, "name")
         options = " or ".join(repr(n) for n in (AUTO,) + fits)
         raise ValueError(f"{spell}={name!r} does not fit this {family} model, which decodes with the "

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import Tensor
 
+from ddrl.contract import model_view
+from ddrl.processes.base import ScheduledProcess
 from ddrl.sampling.released import RELEASED, ReleasedEmergeRule, check_released_model
 from ddrl.sampling.sdar import commit_dynamic
 
@@ -221,12 +223,12 @@ def steps_per_block(steps: int, gen_length: int, block_length: int) -> int:
 def emerge_mask_fraction(model: Any) -> Callable[[float], float]:
     """k(tau) for the emerge sampler: the model's own `emerge_schedule` when it names one (a text-to-image
     MMaDA: cosine, MaskGRPO's image pace), else cosine when its process schedule is cosine, else linear."""
-    own = getattr(model, "emerge_schedule", None)
-    if own is not None:
-        return EMERGE_SCHEDULES[own]
-    schedule = getattr(getattr(model, "process", None), "schedule", None)
-    name = schedule if isinstance(schedule, str) else getattr(schedule, "name", "")
-    return EMERGE_SCHEDULES[EMERGE_SCHEDULE_FOR_PROCESS.get(str(name), "linear")]
+    view = model_view(model)
+    if view.emerge_schedule is not None:
+        return EMERGE_SCHEDULES[view.emerge_schedule]
+    process = view.process
+    name = process.schedule.name if isinstance(process, ScheduledProcess) else ""
+    return EMERGE_SCHEDULES[EMERGE_SCHEDULE_FOR_PROCESS.get(name, "linear")]
 
 
 def commit_rule(cfg: Any, sampler: str, gen_length: int, block_length: int, model: Any,

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ddrl.contract import model_view
 from ddrl.processes.draws import row_chunks
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput
@@ -256,10 +257,11 @@ def diffusion_gemma_generate(model, prompt_ids: Tensor, attention_mask: Tensor |
 
 def _check(model, prompt_ids: Tensor, attention_mask: Tensor | None, cfg: DiffusionGemmaSettings,
            initial_canvas: Tensor | None, generator: torch.Generator | None) -> None:
-    if getattr(model, "attention", None) != "canvas" or not getattr(model, "canvas_length", None):
+    view = model_view(model)
+    if view.attention != "canvas" or not view.canvas_length:
         raise ValueError(f"the diffusion_gemma sampler runs DiffusionGemma through ddrl's 'canvas' feed; got a model "
-                         f"with attention={getattr(model, 'attention', None)!r} (load a DiffusionGemma checkpoint)")
-    if getattr(model, "logits_range", None) is not None:
+                         f"with attention={view.attention!r} (load a DiffusionGemma checkpoint)")
+    if view.logits_range is not None:
         raise ValueError(f"model.logits_range={model.logits_range} is set, but DiffusionGemma's generate samples the "
                          f"whole vocabulary; unset it")
     integer = isinstance(prompt_ids, Tensor) and prompt_ids.dtype in (torch.int64, torch.int32)
@@ -308,7 +310,7 @@ def sample_diffusion_gemma(model, prompt_ids: Tensor, prompt_mask: Tensor | None
     if return_trajectory:
         raise ValueError("the diffusion_gemma sampler records no trajectory; use an estimator that does not need "
                          "one, or rollout.name=uniform")
-    C = getattr(model, "canvas_length", None)
+    C = model_view(model).require("canvas_length", "load a DiffusionGemma checkpoint (its sampler denoises one canvas)")
     if cfg.gen_length != C:
         raise ValueError(f"rollout.gen_length={cfg.gen_length} must equal DiffusionGemma's canvas_length={C} "
                          f"(one canvas)")

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ddrl.contract import model_view
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput, model_mask_id
 from ddrl.processes.draws import uniform_draw
@@ -269,14 +270,15 @@ def _check(model, prompt_ids: Tensor, attention_mask: Tensor | None, cfg: DreamS
                          "prompt token, so pass at least one prompt token")
     if not 0 < cfg.eps < 1:
         raise ValueError(f"eps (the final timestep) must be in (0, 1), got {cfg.eps}")
-    vocab_size = getattr(model, "vocab_size", None)
+    view = model_view(model)
+    vocab_size = view.vocab_size
     if cfg.vocab_limit is not None and not (isinstance(cfg.vocab_limit, int)
                                             and 0 < cfg.vocab_limit <= (vocab_size or cfg.vocab_limit)):
         raise ValueError(f"vocab_limit must be a number of ids in [1, vocab_size={vocab_size}] (e.g. len(tokenizer)) "
                          f"or None, got {cfg.vocab_limit!r}")
     if not 0 <= cfg.mask_id < (vocab_size or cfg.mask_id + 1):
         raise ValueError(f"mask_id={cfg.mask_id} is outside the model's vocabulary [0, {vocab_size})")
-    max_len = getattr(model, "max_seq_len", None)
+    max_len = view.max_seq_len
     if isinstance(max_len, int) and prompt_ids.shape[1] + gen_length > max_len:
         raise ValueError(f"prompt length {prompt_ids.shape[1]} + gen_length={gen_length} exceeds the model's "
                          f"max_seq_len={max_len}; shorten the prompt or lower gen_length")
@@ -291,7 +293,8 @@ def _check(model, prompt_ids: Tensor, attention_mask: Tensor | None, cfg: DreamS
 
 def tokenizer_vocab_limit(model) -> int | None:
     """len(tokenizer) when the model's vocabulary is padded past it (Dream), else None."""
-    tokenizer, vocab_size = getattr(model, "tokenizer", None), getattr(model, "vocab_size", None)
+    view = model_view(model)
+    tokenizer, vocab_size = view.tokenizer, view.vocab_size
     if tokenizer is None or vocab_size is None:
         return None
     n = len(tokenizer)

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ddrl.contract import model_view
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput, model_mask_id
 from ddrl.sampling.checks import check_generator_given, check_prompts
@@ -74,7 +75,7 @@ def edit_generate(model: Any, prompt_ids: Tensor, attention_mask: Tensor | None 
     valid = (pos >= 0) & (pos < ((first + n_blocks) * bs)[:, None])  # the row's canvas: real keys
     src = (P - n_prompt)[:, None] + pos.clamp(min=0)  # the prompt column of each prompt slot
     ids = torch.where(is_prompt, prompt_ids.gather(1, src.clamp(max=P - 1)), torch.full_like(pos, mask_id))
-    pad = getattr(model, "pad_token_id", None)
+    pad = model_view(model).pad_token_id
     ids = torch.where(valid, ids, torch.full_like(ids, mask_id if pad is None else int(pad)))
     noise = StepNoise(generator, B, device) if temperature > 0 else None
     nfe = 0

@@ -113,6 +113,7 @@ import torch
 from torch import Tensor
 
 from ddrl.data import as_stop_ids, is_stop, model_stop_ids
+from ddrl.contract import model_view
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput, model_mask_id
 from ddrl.sampling.cache import block_forward
@@ -229,7 +230,7 @@ def block_canvas(model, prompt_ids: Tensor, prompt_mask: Tensor | None,
     * block_size). Returns (offsets [B], decoded [B, W] bool), W the widest row's end; None when the
     model has full attention or every row starts and ends on a block boundary (all W = gen_length
     slots decoded). One host read (the largest offset)."""
-    block_size = getattr(model, "block_size", None)
+    block_size = model_view(model).block_size
     if not block_size:
         return None
     bs = int(block_size)
@@ -299,24 +300,18 @@ def _step(logits: Tensor, window: Tensor, masked: Tensor, rule: CommitRule, step
 # --------------------------------------------------------------------------------------------
 
 
-def _model_attr(model, name: str):
-    value = getattr(model, name, None)
-    if value is None:
-        value = getattr(getattr(model, "config", None), name, None)
-    return value
-
-
 def _check_model_inputs(model, prompt_ids: Tensor, gen_length: int, mask_id: int) -> None:
     """What needs the model: the mask id in its vocabulary, its maximum length, a prompt for Dream."""
-    vocab_size = _model_attr(model, "vocab_size")
+    view = model_view(model)
+    vocab_size = view.stated("vocab_size")
     if not isinstance(mask_id, int) or mask_id < 0 or (vocab_size is not None and mask_id >= vocab_size):
         raise ValueError(f"mask_id={mask_id!r} is outside the model's vocabulary [0, {vocab_size or 'V'}); "
                          f"pass the model's mask token id (model.mask_token_id)")
-    max_len = _model_attr(model, "max_seq_len")
+    max_len = view.stated("max_seq_len")
     if max_len is not None and prompt_ids.shape[1] + gen_length > max_len:
         raise ValueError(f"prompt length {prompt_ids.shape[1]} + gen_length={gen_length} exceeds the model's "
                          f"max_seq_len={max_len}; shorten the prompt or lower gen_length")
-    if getattr(model, "logits_shifted", False) and prompt_ids.shape[1] == 0:
+    if view.logits_shifted and prompt_ids.shape[1] == 0:
         raise ValueError("a model with shifted logits (Dream) needs at least one prompt token; pass a non-empty prompt")
 
 
@@ -324,7 +319,7 @@ def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *, sam
          generator: Any, record: bool, early_exit: bool, mask_id: int | None = None) -> _Decoded:
     """generate() and the masked / block / emerge samplers: check the settings (check_sampler) and the
     inputs, pick the commit rule, decode. cfg: a SamplerConfig or generate()'s keywords as one."""
-    block_size = getattr(model, "block_size", None) or None
+    block_size = model_view(model).block_size
     if sampler == "block" and block_size is None:
         raise ValueError("the 'block' sampler needs a block-causal model, but model.block_size is None; "
                          "build the model with model.block_size set, or use rollout.name=masked for "
@@ -351,7 +346,7 @@ def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *, sam
                          "low_confidence" if sampler == "emerge" else cfg.remasking, mask_id, generator,
                          getattr(cfg, "top_k", None) or 0, getattr(cfg, "top_p", None) or 1.0,
                          NOISE_DTYPES[getattr(cfg, "noise_dtype", None) or "float32"], classes,
-                         None if classes is None else int(_model_attr(model, "vocab_size")))
+                         None if classes is None else int(model_view(model).stated("vocab_size")))
     mask = None if prompt_mask is None else prompt_mask.bool()
     if mask is not None and bool(mask.all()):  # one read per call: then no step passes an all-ones mask,
         mask = None  # and the model runs its unmasked attention (SDPA's fastest kernel), as the reference

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from ddrl.contract import model_view
 from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput, model_mask_id
 from ddrl.sampling.checks import check_generator_given, check_prompts
@@ -66,7 +67,7 @@ def sample_maskgit(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: S
     mask_id = model_mask_id(model)
     B, device = prompt_ids.shape[0], prompt_ids.device
     codes = codebook_range(model)  # an image model is asked for its codebook's logits only
-    lo, hi = codes or getattr(model, "logits_range", None) or (0, model.vocab_size)  # the codebook's ids
+    lo, hi = codes or model_view(model).logits_range or (0, model.vocab_size)  # the codebook's ids
     noise = StepNoise(generator, B, device)
     mask = None if prompt_mask is None else prompt_mask.bool()
     completion = torch.full((B, L), mask_id, dtype=torch.long, device=device)  # [B, L] vocabulary ids

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from ddrl.logits import kept_logits
+from ddrl.contract import model_view
 from ddrl.processes.draws import randint_draw, sample_categorical, uniform_draw
 from ddrl.processes.metric_path import MetricPathProcess
 from ddrl.registry import SAMPLERS
@@ -119,10 +120,10 @@ def jump_from(process: MetricPathProcess, x1: Tensor, xt: Tensor, s: float, s_ne
 def unconditional_prompt(model: Any, prompt_ids: Tensor) -> Tensor:
     """The prompt "" in the layout of prompt_ids [B, P]: every text token is the pad id, <bov> (model.bov_token_id,
     when it has one) stays, as URSA's tokenizer pads "" to max_prompt_length."""
-    pad = getattr(model, "pad_token_id", None)
-    pad = model.mask_token_id if pad is None else pad
+    view = model_view(model)
+    pad = model.mask_token_id if view.pad_token_id is None else view.pad_token_id
     keep = torch.zeros_like(prompt_ids, dtype=torch.bool)
-    bov = getattr(model, "bov_token_id", None)
+    bov = view.bov_token_id
     if bov is not None:
         keep = prompt_ids == bov
     return torch.where(keep, prompt_ids, torch.full_like(prompt_ids, int(pad)))
@@ -144,7 +145,7 @@ def guided_logits(model: Any, process: MetricPathProcess, prompt_ids: Tensor, un
 
 
 def _check_inputs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any) -> MetricPathProcess:
-    process = getattr(model, "process", None)
+    process = model_view(model).process
     if not isinstance(process, MetricPathProcess):
         raise ValueError(f"the metric_path sampler needs model.process to be a MetricPathProcess (URSA, or a "
                          f"model whose process_spec names 'metric_path'), got {process!r}")

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ddrl.contract import model_view
 from ddrl.processes.draws import row_chunks
 from ddrl.sampling.utils import codebook_range
 
@@ -125,7 +126,7 @@ def check_released_model(model: Any, key: str = "rollout") -> tuple[int, int]:
     p = f"{key}." if key else ""
     codes = codebook_range(model)
     if codes is None:
-        family = getattr(model, "family", None) or "this"
+        family = model_view(model).family or "this"
         raise ValueError(f"{p}rng='released' reproduces MaskGRPO's text-to-image rollouts (t2i_generate_emerge: "
                          f"image-code completions), but this {family} model completes text; their text rollouts "
                          f"use LLaDA's sampler and their text emerge is another rule. Set {p}rng=ddrl (or load "

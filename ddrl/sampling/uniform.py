@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ddrl.logits import kept_logits
+from ddrl.contract import model_view
 from ddrl.processes.draws import randint_draw, sample_categorical
 from ddrl.processes.uniform import UniformProcess
 from ddrl.registry import SAMPLERS
@@ -61,7 +62,7 @@ def _x0_distribution(logits: Tensor, temperature: float) -> Tensor:
 
 
 def _check_inputs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig) -> UniformProcess:
-    process = getattr(model, "process", None)
+    process = model_view(model).process
     if not isinstance(process, UniformProcess):
         raise ValueError(f"the uniform sampler needs model.process to be a UniformProcess, got {process!r}; "
                          f"use a model pretrained with model.process=uniform, or another sampler")

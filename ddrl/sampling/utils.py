@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ddrl.logits import kept_logits
+from ddrl.contract import model_view
 from ddrl.processes.draws import RowGenerators, chunk_seeds, row_chunks
 
 # rollout.noise_dtype: the dtype of the masked samplers' uniforms (module doc of StepNoise).
@@ -155,7 +156,7 @@ def guided_logits(cond: Tensor, uncond: Tensor, cfg_scale: float) -> Tensor:
 def completion_suffix(model, completion: Tensor) -> Tensor:
     """[A, S] long: the model's fixed ids after every completion (`model.completion_suffix`, e.g. MMaDA's
     <|eoi|> after an image, ddrl.models.mmada); [A, 0] for models without one."""
-    ids = tuple(getattr(model, "completion_suffix", None) or ())
+    ids = model_view(model).completion_suffix
     return torch.tensor(ids, dtype=torch.long, device=completion.device).expand(completion.shape[0], len(ids))
 
 
@@ -163,7 +164,7 @@ def unconditional_prompt(model, prompt_ids: Tensor, real: Tensor, mask_id: int) 
     """The guidance pass's prompt and its real tokens, [A, P] each: the model's own unconditional prompt
     (`model.cfg_unconditional_prompt`: MMaDA's empty caption in its layout) left-padded to P, else ddrl's
     form, every real prompt token replaced by mask_id (`real` is then returned as it is)."""
-    ids = getattr(model, "cfg_unconditional_prompt", None)
+    ids = model_view(model).cfg_unconditional_prompt
     if ids is None:
         return prompt_ids.masked_fill(real, mask_id), real
     A, P = prompt_ids.shape
@@ -179,8 +180,8 @@ def codebook_range(model) -> tuple[int, int] | None:
     logits_range is its image_token_range: a text-to-image MMaDA, URSA), else None. The image samplers
     ask such a model for those logits only (completion_logits' class_range: 8,192 of MMaDA-8B's 134,656
     ids); every other id's logit is suppressed there, so its probability is 0 and it is never drawn."""
-    codes = getattr(model, "logits_range", None)
-    image = getattr(model, "image_token_range", None)
+    view = model_view(model)
+    codes, image = view.logits_range, view.image_token_range
     if codes is None or image is None or tuple(codes) != tuple(image):
         return None
     return int(codes[0]), int(codes[1])

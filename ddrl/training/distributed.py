@@ -50,6 +50,8 @@ from typing import TYPE_CHECKING, Any, Iterator, cast
 import torch
 import torch.distributed as dist
 
+from ddrl.contract import scoring_arguments
+
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
 
@@ -156,6 +158,7 @@ def shard_model(model: torch.nn.Module, device: torch.device, mixed_precision: s
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
+    from ddrl.contract import model_view
     from ddrl.models.hf import transformer_blocks  # no transformers import at module level
 
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -166,7 +169,7 @@ def shard_model(model: torch.nn.Module, device: torch.device, mixed_precision: s
     kwargs: dict[str, Any] = {} if policy is None else {"mp_policy": policy}
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
-    for block in transformer_blocks(getattr(model, "model", model)):  # shard each block, then the root
+    for block in transformer_blocks(model_view(model).backbone):  # shard each block, then the root
         fully_shard(block, mesh=mesh, **kwargs)
     fully_shard(model, mesh=mesh, **kwargs)
     return model
@@ -343,6 +346,10 @@ class ModelHandle:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._wrapped(*args, **kwargs)
+
+    @property
+    def scoring_arguments(self) -> frozenset[str]:  # calls reach the DiffusionLM's forward (ddrl.contract)
+        return scoring_arguments(self._inner)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

@@ -44,6 +44,7 @@ def make(name: str, extra_overrides: list[str] | None = None, reuse: bool = Fals
     """Pretrain (or, with reuse, take an existing runs/pretrain/<name>/final) and publish with a card."""
     from ddrl.config import PretrainConfig, load_config, task_kwargs
     from ddrl.models import load_model
+    from ddrl.models.ursa import URSADiffusionLM
     from ddrl.training.pretrain import pretrain
 
     config = SHIPPED[name][0]
@@ -68,7 +69,7 @@ def make(name: str, extra_overrides: list[str] | None = None, reuse: bool = Fals
     shutil.copytree(final, target)
     n_params = sum(p.numel() for p in model.parameters())
     what = (f"URSA pipeline (the official diffusers layout: a {model.process_spec['name']} denoiser over a VQ "
-            f"codebook, with its VQ decoder)" if model.family == "ursa"
+            f"codebook, with its VQ decoder)" if isinstance(model, URSADiffusionLM)
             else f"{model.process_spec['name']}-diffusion denoiser")
     card = [
         f"# {name}",

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from ddrl.config import RLConfig, load_config, save_config, task_kwargs
 from ddrl.data import (check_modality, completion_mask, is_stop, model_stop_ids, pad_prompts, prompt_budget,
                        task_completions, tokenize_prompts, truncate_prompts)
+from ddrl.contract import model_view
 from ddrl.objectives import AggregationCounts, compute_advantages
 from ddrl.objectives.base import COUNTED_STATS
 from ddrl.processes.draws import RowGenerators
@@ -198,7 +199,7 @@ class Trainer:
         one the model cannot run, or settings it refuses, fail here, before any compute."""
         r = self.cfg.rollout
         r.name = resolve_sampler(self.model, r.name, "rollout")
-        check_sampler(r, "rollout", block_size=getattr(self.model, "block_size", None) or None)
+        check_sampler(r, "rollout", block_size=model_view(self.model).block_size)
 
     def _load_model(self) -> Any:
         from ddrl.models import load_model
@@ -217,13 +218,14 @@ class Trainer:
             model = ckpt.load_model_on_rank0(m.path, self.dist, **kwargs)
         else:
             model = (self.provided.load_model or load_model)(m.path, **kwargs)
-        if getattr(model, "mask_token_id", None) is None:
+        if model_view(model).mask_token_id is None:
             raise ValueError(f"model {self.cfg.model.path!r} has no mask token; set model.mask_token_id")
         lora = self.cfg.model.lora
         if lora.rank > 0:
             from ddrl.models.lora import apply_lora
 
             model = apply_lora(model, lora, seed=self.cfg.seed)
+        # A user's loader (provided.load_model) may return a module without it; every DiffusionLM has it.
         if self.cfg.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()
         if self.cfg.train.disable_dropout:

@@ -8,7 +8,6 @@ gives exactly the tokens of a plain, one-row-at-a-time transcription of LLaDA's 
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from ddrl.registry import SAMPLERS
 from ddrl.sampling.commit import commit_above_threshold, commit_top_k, transfer_counts
 from ddrl.sampling.masked import generate, sample_block, sample_emerge, sample_masked
 from ddrl.processes.draws import uniform_draw
+from ddrl.processes.masked import MaskedProcess
 from ddrl.sampling.utils import gumbel_argmax
 from tests.toy_models import Output, ToyDiffusionLM
 
@@ -542,7 +542,7 @@ def test_emerge_with_one_step_at_temperature_zero_is_the_argmax(model):
 @pytest.mark.parametrize("schedule", ["linear", "cosine"])
 def test_emerge_unmasks_at_the_schedule_pace(schedule):
     toy = ToyDiffusionLM(vocab_size=12, mask_token_id=MASK, seed=1)
-    toy.process = SimpleNamespace(schedule=SimpleNamespace(name=schedule))
+    toy.process = MaskedProcess(MASK, schedule=schedule)
     B, L, T = 128, 12, 4
     ids, mask = torch.full((B, 1), 5), torch.ones(B, 1, dtype=torch.bool)
     cfg = SamplerConfig(name="emerge", steps=T, gen_length=L, temperature=1.0, early_exit=False)

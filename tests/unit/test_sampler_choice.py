@@ -11,6 +11,7 @@ import pytest
 
 import ddrl
 from ddrl.config import RLConfig, SamplerConfig, load_config
+from ddrl.models.families import FAMILIES
 from ddrl.sampling.checks import FLAGS, check_sampler, resolve_sampler
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -36,7 +37,8 @@ def test_auto_is_the_default_and_picks_the_familys_sampler(sdar, dream, llada):
     assert resolve_sampler(sdar, "auto") == "block"  # SDAR decodes its own blocks of 4
     assert resolve_sampler(llada, "auto") == "masked"
     assert resolve_sampler(dream, "auto") == "masked"
-    gemma = SimpleNamespace(family="diffusion_gemma", process_spec={"name": "uniform"}, block_size=None)
+    gemma = SimpleNamespace(family="diffusion_gemma", process_spec={"name": "uniform"}, block_size=None,
+                            samplers=FAMILIES["diffusion_gemma"].samplers)  # a stand-in states its samplers
     assert resolve_sampler(gemma, "auto") == "diffusion_gemma"
     uniform = SimpleNamespace(family="ddrl", process_spec={"name": "uniform"}, block_size=None)
     assert resolve_sampler(uniform, "auto") == "uniform"
@@ -51,7 +53,8 @@ def test_a_sampler_that_contradicts_the_family_is_refused_with_the_right_name(sd
         resolve_sampler(sdar, "masked")  # LLaDA's semi-AR blocks on a block-4 model
     with pytest.raises(ValueError, match=r"rollout.name='dream' does not fit this llada model.*'masked'"):
         resolve_sampler(llada, "dream")  # the coupled-GRPO recipe's sampler on a LLaDA checkpoint
-    gemma = SimpleNamespace(family="diffusion_gemma", process_spec={"name": "uniform"}, block_size=None)
+    gemma = SimpleNamespace(family="diffusion_gemma", process_spec={"name": "uniform"}, block_size=None,
+                            samplers=FAMILIES["diffusion_gemma"].samplers)  # a stand-in states its samplers
     with pytest.raises(ValueError, match=r"'diffusion_gemma'"):
         resolve_sampler(gemma, "masked")
     with pytest.raises(ValueError, match=r"--sampler='masked' does not fit"):

@@ -55,6 +55,8 @@ class Recorder(nn.Module):
     """Wraps a model: +bonus on EOS (rows finish at different blocks); records per call the input
     shape and what logits_to_keep asked for; passes the cache through."""
 
+    scoring_arguments = frozenset({"logits_to_keep"})  # its forward takes it (ddrl.contract.ScoringModel)
+
     def __init__(self, model: DiffusionLM, bonus: float = 0.0):
         super().__init__()
         self.model, self.bonus = model, bonus
@@ -331,6 +333,8 @@ def test_every_step_of_a_block_feeds_the_same_shape_while_rows_finish(block_size
 
 class ToyKeep(ToyDiffusionLM):
     """The toy model, taking logits_to_keep itself (no host read), so that the count is the sampler's."""
+
+    scoring_arguments = frozenset({"logits_to_keep"})  # ddrl.contract.ScoringModel
 
     def forward(self, input_ids, attention_mask=None, logits_to_keep=None):
         logits = super().forward(input_ids, attention_mask).logits
