@@ -21,8 +21,6 @@ centre (f_0 = 3.3 for one copy each), which is what reward fine-tuning should fi
 samples away from the base model's likelihood.
 """
 
-from __future__ import annotations
-
 import csv
 from pathlib import Path
 
@@ -45,7 +43,9 @@ class MotifOracle(nn.Module):
     """f(x) [n, 3] for one-hot x [n, 4, L] (gReLU's layout); exact motif matches only (a conv that counts
     matching bases, thresholded at the motif length), weighted by a Gaussian around each motif's centre."""
 
-    filters: Tensor  # [M, 4, K] (buffers, declared for the type checker)
+    # Buffers, declared for the type checker. The module has no `from __future__ import annotations`:
+    # TorchScript (the oracle is saved scripted) cannot resolve these as strings.
+    filters: Tensor  # [M, 4, K]
     position_weights: Tensor  # [M, P]
     cell_weights: Tensor  # [M, 3]
 

@@ -58,6 +58,7 @@ from ddrl.training.distributed import (DistInfo, ModelHandle, RowSums, StepSums,
                                        gathered_parameters, gradient_sync, init_distributed, reduce_mean_dict, reshard,
                                        resolve_strategy, shard_model, wrap_model, zero_loss)
 from ddrl.training.evaluation import TrainingEvaluation
+from ddrl.rewards.composite import score_parts
 from ddrl.training.logging import MetricsLogger, RunLog, eval_settings, plot_reward_curve, step_line
 from ddrl.training.memory import check_memory
 from ddrl.training.method import Method, build_method
@@ -431,7 +432,11 @@ class Trainer:
     def score(self, batch: RolloutBatch) -> None:
         examples = batch.extras.pop("examples")
         columns = {c: [ex.get(c) for ex in examples] for c in examples[0] if c != "prompt"}
-        scored = self.task.score(batch.completions, **columns, **batch.extras.pop("reward_inputs", {}))
+        inputs = {**columns, **batch.extras.pop("reward_inputs", {})}
+        # A reward set on the task instance (`task.reward = fn`, as a user wraps or replaces one) is
+        # what scores, as before rewards returned parts; otherwise the task's own score and parts.
+        replaced = vars(self.task).get("reward")
+        scored = score_parts(replaced, batch.completions, **inputs) if replaced else self.task.score(batch.completions, **inputs)
         values = [float("nan") if r is None else float(r) for r in scored.scores]
         batch.rewards = torch.tensor(values, dtype=torch.float32, device=self.device)
         batch.extras["reward_failed"] = ~torch.isfinite(batch.rewards)  # [B] the reward itself gave None/NaN
