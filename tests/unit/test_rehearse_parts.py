@@ -1,7 +1,6 @@
 """The parts of `ddrl train --rehearse` (ddrl.training.rehearse) that run without a whole step."""
 
 import json
-import tempfile
 from pathlib import Path
 
 import torch
@@ -129,7 +128,7 @@ def test_stand_in_task_takes_the_recipes_image_grid():
     assert (text.modality, text.image_grid) == ("text", None)
 
 
-def test_a_check_that_refuses_bad_data_is_answered_as_passing():
+def test_a_check_that_refuses_bad_data_is_answered_as_passing(tmp_path):
     """A boolean read is answered True (an early exit taken, a finite loss), except inside the named
     checks whose True means "refuse this data" (image codes outside the codebook): there False."""
     from ddrl.models.native.magvit2 import MAGVITv2Decoder
@@ -151,8 +150,9 @@ def test_a_check_that_refuses_bad_data_is_answered_as_passing():
         assert bool((codes > 0).any())  # elsewhere the stand-in stays True
     assert any("decode_image_ids" in site for site in reads.sites)
     # the stand-in MAGVIT-v2 directory loads as the released layout, at the decoder's real size
+    vq = stand_in_vq_dir(tmp_path)
     with torch.device("meta"), _weights_unread():
-        decoder = MAGVITv2Decoder.from_pretrained(stand_in_vq_dir(Path(tempfile.mkdtemp())))
+        decoder = MAGVITv2Decoder.from_pretrained(vq)
     assert sum(p.numel() for p in decoder.parameters()) > 30e6  # MAGVIT-v2's decoder: ~40M parameters
 
 
