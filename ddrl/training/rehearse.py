@@ -551,6 +551,9 @@ class Rehearsal:
                  f"  {'memory at peak (MemTracker)':<44}{'GB':>9}"]
         lines += [f"    {name:<42}{v / GB:9.2f}" for name, v in self.peak_split.items() if v]
         ratio = self.peak_bytes / self.hand_total_bytes if self.hand_total_bytes else float("nan")
+        if self.settings.get("cpu_offload"):
+            lines.append("    (CPU offload: the parameter shards and AdamW state are host memory and not counted; the "
+                         "sharded gradients are, an upper bound)")
         lines += [f"  {'peak (tracker)':<44}{self.peak_bytes / GB:9.2f}",
                   f"  {'  peak up to the end of the rollout':<44}{self.rollout_peak_bytes / GB:9.2f}",
                   f"  {'hand model (ddrl.training.memory)':<44}{self.hand_total_bytes / GB:9.2f}"
@@ -814,13 +817,18 @@ def _memory_tracker(trainer: Any) -> Any:
     """MemTracker over the policy (and a separate reference copy) and the optimizer. FSDPMemTracker
     would split FSDP2's sharded and unsharded parameters, but refuses a module called more than once
     per iteration, which every sampler does (one call per denoising step)."""
-    return step_memory_tracker(trainer.wrapped, trainer.opt,
-                               *([trainer.ref_model] if trainer.ref_model is not None else []))
+    models = [trainer.wrapped, *([trainer.ref_model] if trainer.ref_model is not None else [])]
+    tracker = step_memory_tracker(*models, trainer.opt)
+    if trainer.cfg.dist.cpu_offload:  # FSDP2's CPUOffloadPolicy: the shards live in host memory
+        tracker.host_bytes = float(sum(_local_bytes(p) for m in models for p in m.parameters()))
+    return tracker
 
 
 def step_memory_tracker(*tracked: Any) -> Any:
     """A MemTracker (below) over `tracked` (modules, optimizers), not yet entered."""
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    _PARAM, _OPT = _MemRefType.PARAM, _MemRefType.OPT
 
     class FrozenAwareMemTracker(MemTracker):
         """MemTracker hooks every parameter's gradient, which a frozen one (a LoRA base) refuses; without
@@ -853,14 +861,24 @@ def step_memory_tracker(*tracked: Any) -> Any:
             if module is not None and module in self.memory_tracking:
                 super()._post_bw_hook(module, args)
 
+        host_bytes = 0.0  # with dist.cpu_offload: the parameter shards' bytes (host memory, not the GPU's)
+
         def _update_peak_stats(self, peak_state: Any) -> None:
             """The device's peak only. MemTracker also updates the local peak of every module it has met
             on every op, a loop over all of them: an MoE layer of 256 experts is over a thousand
-            modules, and that loop was most of a rehearsal's time. Per-module peaks are not reported."""
+            modules, and that loop was most of a rehearsal's time. Per-module peaks are not reported.
+            Under CPU offload the host's part is left out of the device's figure: the parameter shards
+            (host_bytes) and the optimizer state. The sharded gradients are not told apart from the
+            backward's temporaries here, so they stay in: an upper bound by one fp32 gradient shard."""
             for dev, snap in self._curr_mem_snap.items():
-                if self._peak_mem.get(dev, 0) < snap["Total"]:
-                    self._peak_mem[dev] = snap["Total"]
-                    self._peak_mem_snap[dev] = dict(snap)
+                device = dict(snap)
+                if self.host_bytes:
+                    device[_PARAM] = device.get(_PARAM, 0) - self.host_bytes
+                    device.pop(_OPT, None)
+                    device["Total"] = sum(v for k, v in device.items() if k != "Total")
+                if self._peak_mem.get(dev, 0) < device["Total"]:
+                    self._peak_mem[dev] = device["Total"]
+                    self._peak_mem_snap[dev] = device
 
     tracker = FrozenAwareMemTracker()
     tracker.track_external(*tracked)
