@@ -841,7 +841,7 @@ def _memory_tracker(trainer: Any) -> Any:
     models = [trainer.wrapped, *([trainer.ref_model] if trainer.ref_model is not None else [])]
     tracker = step_memory_tracker(*models, trainer.opt)
     if trainer.cfg.dist.cpu_offload:  # FSDP2's CPUOffloadPolicy: the shards live in host memory
-        tracker.host_bytes = float(sum(_local_bytes(p) for m in models for p in m.parameters()))
+        tracker.host_bytes = int(sum(_local_bytes(p) for m in models for p in m.parameters()))
     return tracker
 
 
@@ -882,7 +882,7 @@ def step_memory_tracker(*tracked: Any) -> Any:
             if module is not None and module in self.memory_tracking:
                 super()._post_bw_hook(module, args)
 
-        host_bytes = 0.0  # with dist.cpu_offload: the parameter shards' bytes (host memory, not the GPU's)
+        host_bytes = 0  # with dist.cpu_offload: the parameter shards' bytes (host memory, not the GPU's)
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             """The device's peak only. MemTracker also updates the local peak of every module it has met
