@@ -1,5 +1,6 @@
-"""Rehearse every paper recipe (configs/paper/**/*.yaml) at its real size on fake tensors: rank 0 of its
-declared world size, the trainer's own step (ddrl.training.rehearse), extrapolated to full depth from 2
+"""Rehearse every paper recipe (configs/paper/**/*.yaml) at its real size on fake tensors: rank 0 of
+--world-size ranks (or, for a recipe whose prompt groups do not split over them, as gdsd's 20, the
+largest world size below that they do: the row says so), the trainer's own step (ddrl.training.rehearse), extrapolated to full depth from 2
 and 4 layers at full width (a full-depth rehearsal takes minutes per layer on a CPU). Writes a table to
 bench/RESULTS.md under a section marked as estimates.
 
@@ -50,19 +51,31 @@ def quick_overrides(config: Path) -> tuple[list[str], float, float]:
             (r.steps or steps) / steps, t.num_iterations / iterations)
 
 
-def row(config: Path, world_size: int, quick: bool) -> str:
+def recipe_world_size(config: Path, asked: int) -> tuple[int, str]:
+    """(world size, note): `asked`, or the largest that the recipe's prompt groups split over evenly
+    (each process holds whole groups: train.prompts_per_step % world == 0), with a note saying why."""
+    from ddrl.config import RLConfig, load_config
+
+    prompts = load_config(config, [], RLConfig).train.prompts_per_step
+    world = max(n for n in range(1, asked + 1) if prompts % n == 0)
+    note = "" if world == asked else f" ({prompts} prompt groups do not split over {asked}: the recipe's own {world})"
+    return world, note
+
+
+def row(config: Path, asked_world_size: int, quick: bool) -> str:
     name = str(config.relative_to(ROOT))
     overrides, rollout_x, update_x = quick_overrides(config) if quick else ([], 1.0, 1.0)
+    world_size, note = recipe_world_size(config, asked_world_size)
     try:
         r = rehearse_extrapolated(config, [*overrides, "output_dir=/tmp/ddrl-rehearse-all"], world_size,
                                   check_fit=False)
     except Exception as e:  # a failing recipe is a row of the table, not the end of the bench
         traceback.print_exc()
         first = (str(e).strip().splitlines() or [type(e).__name__])[-1][:160].replace("|", "/")
-        return f"| {name} | {world_size} | | failed: {type(e).__name__}: {first} | | | | | | |"
+        return f"| {name} | {world_size}{note} | | failed: {type(e).__name__}: {first} | | | | | | |"
     ratio = r.peak_bytes / r.hand_total_bytes if r.hand_total_bytes else float("nan")
     fits = "yes" if r.fits else f"NO (> {HEADROOM * DEVICE.memory_bytes / GB:.0f} GB)"
-    return (f"| {name} | {world_size} | {r.strategy} | {r.peak_bytes / GB:.1f} | {r.hand_total_bytes / GB:.1f} | "
+    return (f"| {name} | {world_size}{note} | {r.strategy} | {r.peak_bytes / GB:.1f} | {r.hand_total_bytes / GB:.1f} | "
             f"{ratio:.2f} | {fits} | {sum(r.host_reads.values())} | {r.rollout_s * rollout_x:.1f} | "
             f"{r.update_s * update_x:.1f} |")
 

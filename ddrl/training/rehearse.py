@@ -55,8 +55,10 @@ from ddrl.training.memory import DEFAULT_PROMPT_TOKENS, GB, PLACEHOLDER_SHAPES, 
 aten = torch.ops.aten
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 # The family's official-format directory (config.json in its hub layout, its tokenizer) for each
-# placeholder of configs/paper: sized up to the published shape (memory.PLACEHOLDER_SHAPES).
-FAMILY_DIRS = {"LLaDA-8B": "llada/model", "MMaDA-8B": "mmada/model", "Dream-v0-Instruct-7B": "dream/model",
+# placeholder of configs/paper: sized up to the published shape (memory.PLACEHOLDER_SHAPES). MMaDA's is
+# the text-to-image fixture's: its tokenizer names MMaDA's special tokens (<|soi|>, <|eoi|>, <|t2i|>,
+# [iPAD]) and, as MMaDA-8B's, is shorter than llm_vocab_size, the image codes following it.
+FAMILY_DIRS = {"LLaDA-8B": "llada/model", "MMaDA-8B": "mmada_t2i/model", "Dream-v0-Instruct-7B": "dream/model",
                "DiffuCoder-7B": "dream/model", "LLaDA2.0-mini": "llada2/model-2.0",
                "LLaDA2.1-mini": "llada2/model-2.1", "URSA-1.7B": "ursa/model"}
 # MemTracker's categories (torch.distributed._tools.mem_tracker._MemRefType) as the table names them
@@ -95,7 +97,8 @@ def sized_config(config: dict[str, Any], shape: ModelShape | None, layers: int |
                  ("embedding_size", "vocab_size"): shape.vocab, ("head_dim",): shape.head_dim,
                  ("num_experts",): shape.experts or None, ("num_experts_per_tok",): shape.experts_per_token or None,
                  ("num_shared_experts",): shape.shared_experts or None,
-                 ("moe_intermediate_size",): shape.expert_ffn or None, ("codebook_size",): shape.codebook or None,
+                 ("moe_intermediate_size",): shape.expert_ffn or None,
+                 ("codebook_size", "lm_head_size"): shape.codebook or None,
                  ("n_layers", "num_hidden_layers"): shape.n_layers}
     if layers is not None:
         sizes[("n_layers", "num_hidden_layers")] = layers
@@ -140,7 +143,44 @@ def sized_model_dir(model_path: str, layers: int | None, into: Path) -> tuple[Pa
     sized = sized_config(json.loads(config.read_text()), shape, layers)
     config.unlink()
     config.write_text(json.dumps(sized, indent=2))
+    if (directory / "transformer").is_dir() and shape is not None and shape.codebook:
+        _size_pipeline_codebook(directory, shape.codebook)
     return directory, shape_from_config(sized)
+
+
+def _size_pipeline_codebook(directory: Path, codes: int) -> None:
+    """An URSA pipeline's other two holders of the codebook size, which its loader checks against the
+    transformer's lm_head_size: the VQ decoder's num_vq_embeddings (vae/config.json) and the metric
+    path's codebook (scheduler/scheduler_model.pth "path.emb", written as zeros of the fixture's
+    width: the sampler's [rows, codes, N] distances do not depend on it). The text ids keep the
+    fixture's lm_vocab_size, the length of its tokenizer: the embedding and head are full size, the
+    codes only start earlier in the vocabulary."""
+    vae = directory / "vae" / "config.json"
+    config = json.loads(vae.read_text())
+    vae.unlink()
+    vae.write_text(json.dumps({**config, "num_vq_embeddings": codes}, indent=2))
+    weights = directory / "scheduler" / "scheduler_model.pth"
+    width = torch.load(weights, map_location="cpu", weights_only=True)["path.emb"].shape[1]
+    weights.unlink()
+    torch.save({"path.emb": torch.zeros(codes, width)}, weights)
+
+
+def stand_in_vq_dir(into: Path) -> Path:
+    """A MAGVIT-v2 directory for an image recipe whose model.vq_path is a placeholder: the released layout
+    (config.json naming the class, pytorch_model.safetensors) with every decoder weight's name and a
+    one-element stand-in for its value. MAGVIT-v2 has no size arguments: the decoder is built at its
+    real size from its class, and no value is read (_weights_unread)."""
+    from safetensors.torch import save_file
+
+    from ddrl.models.native.magvit2 import CLASS_NAME, WEIGHTS, MAGVITv2Decoder
+
+    directory = into / "vq"
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({"_class_name": CLASS_NAME}))
+    with torch.device("meta"):
+        names = list(MAGVITv2Decoder().state_dict())
+    save_file({name: torch.zeros(1) for name in names}, str(directory / WEIGHTS))
+    return directory
 
 
 def fake_loader(directory: Path, device: torch.device):
@@ -153,9 +193,20 @@ def fake_loader(directory: Path, device: torch.device):
     def load(_path: str, **kwargs: Any) -> Any:
         with unset_fake_temporarily(), torch.device("meta"), _weights_unread():  # real meta tensors: to_empty replaces them
             model = load_model(directory, **kwargs)
-        return model.to_empty(device=device)
+        return _outside_the_tree_fake(model.to_empty(device=device), device)
 
     return load
+
+
+def _outside_the_tree_fake(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The frozen parts a family keeps outside its module tree, so that no .to() or wrapping moves them
+    (an image decoder, URSA's metric-path codebook): fake on `device` too, as to_empty made the tree."""
+    for name, value in list(vars(model).items()):
+        if isinstance(value, torch.nn.Module) and name not in model._modules:
+            model.__dict__[name] = value.to_empty(device=device)
+        elif isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+            model.__dict__[name] = torch.empty(value.shape, dtype=value.dtype, device=device)
+    return model
 
 
 @contextmanager
@@ -188,6 +239,13 @@ class StandInTask:
     prompt: str
     name: str = "rehearsal"
     modality: str = "text"
+    image_grid: tuple[int, int] | None = None  # an image recipe's (h, w) codes (task.args.image_grid)
+
+    @classmethod
+    def of_recipe(cls, cfg: Any, prompt: str) -> "StandInTask":
+        """The stand-in for cfg.task: text, or images of the recipe's grid (the model checks the modality)."""
+        grid = (cfg.task.args or {}).get("image_grid")
+        return cls(prompt, modality="image", image_grid=tuple(grid)) if grid else cls(prompt)
 
     def train_examples(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         return [{"prompt": self.prompt, "answer": ""} for _ in range(n)]
@@ -222,6 +280,11 @@ class HostReads(TorchDispatchMode):
     even counts, e.g. an MoE's routing, read back whole by .tolist()). In-place random initialisation
     (uniform_, normal_) is skipped: a fake tensor has no values, and a CPU build has no CUDA generator."""
 
+    # ddrl functions whose boolean read asks "is the data invalid?" and refuses it when True: answered
+    # False there (the data a working run gives), True elsewhere.
+    REFUSING_CHECKS = {"ddrl/data.py decode_image_ids", "ddrl/models/ursa.py decode_images",  # codes off the codebook
+                       "ddrl/models/mmada.py decode_images", "ddrl/processes/uniform.py _check_classes",
+                       "ddrl/processes/uniform.py posterior"}  # 0 <= s <= t <= 1
     SKIPPED = {aten.uniform_.default, aten.normal_.default, aten.bernoulli_.float}
 
     def __init__(self) -> None:
@@ -246,7 +309,10 @@ class HostReads(TorchDispatchMode):
         if func is aten._local_scalar_dense.default:
             self._record("item")
             dtype = args[0].dtype
-            return True if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1)
+            if dtype == torch.bool:
+                file_line, function = _ddrl_frame().rsplit(" ", 1)
+                return f"{file_line.split(':')[0]} {function}" not in self.REFUSING_CHECKS
+            return 1.0 if dtype.is_floating_point else 1
         if func is aten.bincount.default:  # MoE routing counts: read back by .tolist() (one_copy)
             x, minlength = args[0], kwargs.get("minlength", args[2] if len(args) > 2 else 0)
             out = torch.empty(max(minlength, 1), dtype=torch.long, device=x.device)
@@ -506,6 +572,9 @@ class Rehearsal:
                  f"  {'memory at peak (MemTracker)':<44}{'GB':>9}"]
         lines += [f"    {name:<42}{v / GB:9.2f}" for name, v in self.peak_split.items() if v]
         ratio = self.peak_bytes / self.hand_total_bytes if self.hand_total_bytes else float("nan")
+        if self.settings.get("cpu_offload"):
+            lines.append("    (CPU offload: the parameter shards and AdamW state are host memory and not counted; the "
+                         "sharded gradients are, an upper bound)")
         lines += [f"  {'peak (tracker)':<44}{self.peak_bytes / GB:9.2f}",
                   f"  {'  peak up to the end of the rollout':<44}{self.rollout_peak_bytes / GB:9.2f}",
                   f"  {'hand model (ddrl.training.memory)':<44}{self.hand_total_bytes / GB:9.2f}"
@@ -566,6 +635,8 @@ def rehearse(config: str | Path, overrides: list[str] | None = None, world_size:
     try:
         with tempfile.TemporaryDirectory(prefix="ddrl-rehearse-") as tmp:
             directory, shape = sized_model_dir(cfg.model.path, layers, Path(tmp))
+            if cfg.model.vq_path is not None and not Path(cfg.model.vq_path).is_dir():
+                cfg.model.vq_path = str(stand_in_vq_dir(Path(tmp)))
             return _rehearse(cfg, str(config), directory, shape, world_size, device, check_fit)
     finally:
         dist.destroy_process_group()
@@ -585,7 +656,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
     with torch.device("meta"), _weights_unread():
         tokenizer = load_model(directory, require_tokenizer=True).tokenizer
     width = cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS
-    task = StandInTask(prompt_of_width(tokenizer, width))
+    task = StandInTask.of_recipe(cfg, prompt_of_width(tokenizer, width))
     # The recipe's device. A build without CUDA (this project's CI) cannot run FSDP2's CUDA streams even on
     # fake tensors: there the rank is rehearsed as fake CPU tensors, with the same shapes, dtypes and wrapping
     # (the one difference: autocast's op list is the CPU one under DDP / one process).
@@ -767,12 +838,24 @@ def _memory_tracker(trainer: Any) -> Any:
     """MemTracker over the policy (and a separate reference copy) and the optimizer. FSDPMemTracker
     would split FSDP2's sharded and unsharded parameters, but refuses a module called more than once
     per iteration, which every sampler does (one call per denoising step)."""
-    from torch.distributed._tools.mem_tracker import MemTracker
+    models = [trainer.wrapped, *([trainer.ref_model] if trainer.ref_model is not None else [])]
+    tracker = step_memory_tracker(*models, trainer.opt)
+    if trainer.cfg.dist.cpu_offload:  # FSDP2's CPUOffloadPolicy: the shards live in host memory
+        tracker.host_bytes = int(sum(_local_bytes(p) for m in models for p in m.parameters()))
+    return tracker
+
+
+def step_memory_tracker(*tracked: Any) -> Any:
+    """A MemTracker (below) over `tracked` (modules, optimizers), not yet entered."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    _PARAM, _OPT = _MemRefType.PARAM, _MemRefType.OPT
 
     class FrozenAwareMemTracker(MemTracker):
         """MemTracker hooks every parameter's gradient, which a frozen one (a LoRA base) refuses; without
         the hooks a gradient is labelled when the next forward meets it (or stays a temporary). And it
-        refuses a module called again in one iteration."""
+        refuses a module called again in one iteration. Only the per-module stats restart; the device's
+        peak, which the report reads, is kept across."""
 
         def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> Any:
             return super()._track_module_params_and_buffers(module, install_grad_hooks=False)
@@ -785,8 +868,41 @@ def _memory_tracker(trainer: Any) -> Any:
                 self.reset_mod_stats()
                 super()._pre_fw_hook(module, inputs)
 
+        # A module whose forward ran before such a restart has no stats left for its later hooks (its
+        # backward, or a forward that outlived the restart): those per-module snapshots are skipped.
+        def _post_fw_hook(self, module: Any, inputs: Any, outputs: Any) -> None:
+            if module in self.memory_tracking:
+                super()._post_fw_hook(module, inputs, outputs)
+
+        def _pre_bw_hook(self, module: Any, args: Any) -> None:
+            if module is not None and module in self.memory_tracking:
+                super()._pre_bw_hook(module, args)
+
+        def _post_bw_hook(self, module: Any, args: Any) -> None:
+            if module is not None and module in self.memory_tracking:
+                super()._post_bw_hook(module, args)
+
+        host_bytes = 0  # with dist.cpu_offload: the parameter shards' bytes (host memory, not the GPU's)
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            """The device's peak only. MemTracker also updates the local peak of every module it has met
+            on every op, a loop over all of them: an MoE layer of 256 experts is over a thousand
+            modules, and that loop was most of a rehearsal's time. Per-module peaks are not reported.
+            Under CPU offload the host's part is left out of the device's figure: the parameter shards
+            (host_bytes) and the optimizer state. The sharded gradients are not told apart from the
+            backward's temporaries here, so they stay in: an upper bound by one fp32 gradient shard."""
+            for dev, snap in self._curr_mem_snap.items():
+                device = dict(snap)
+                if self.host_bytes:
+                    device[_PARAM] = device.get(_PARAM, 0) - self.host_bytes
+                    device.pop(_OPT, None)
+                    device["Total"] = sum(v for k, v in device.items() if k != "Total")
+                if self._peak_mem.get(dev, 0) < device["Total"]:
+                    self._peak_mem[dev] = device["Total"]
+                    self._peak_mem_snap[dev] = device
+
     tracker = FrozenAwareMemTracker()
-    tracker.track_external(trainer.wrapped, trainer.opt, *([trainer.ref_model] if trainer.ref_model is not None else []))
+    tracker.track_external(*tracked)
     return tracker
 
 

@@ -98,3 +98,65 @@ def test_host_syncs_are_counted_and_do_not_depend_on_depth(runs):
     assert any("boolean mask" in s and "aggregation.py" in s for s in sites)
     # one host copy per .tolist(), not one per element: decoding 12 rows x 256 tokens is one read
     assert all(n < 100 for n in sites.values())
+
+
+# ------------------------------------------------------------------ the rest of the representative set
+# Each at 2 layers, full width, rank 0 of 8, cut as QUICK in what changes neither a shape nor the peak:
+# URSA's text-to-image (full fine-tuning, FSDP2), MMaDA's text-to-image (LoRA, DDP, MAGVIT-v2 decoder) and
+# LLaDA2-mini's 256-expert MoE with full fine-tuning and CPU offload. LLaDA2's completion is cut to 64
+# tokens (2 blocks of 32) for the suite's time: each expert is a module call per forward; the bench
+# (bench/rehearse_all.py) runs the recipe's own 2,048.
+RECIPES = {"ursa": ("configs/paper/udm_grpo_ursa.yaml", ["rollout.steps=2"]),
+           "mmada": ("configs/paper/maskgrpo/t2i_mmada.yaml", ["rollout.steps=1", "train.num_iterations=1"]),
+           "llada2": ("configs/paper/espo/llada2_mini.yaml",
+                      ["rollout.gen_length=64", "rollout.steps=2", "train.num_iterations=1"])}
+PARAMS = "parameters (shards, gathered blocks)"
+
+
+@pytest.fixture(scope="module")
+def rehearsed(tmp_path_factory):
+    """name -> the report as rehearsal.json holds it, each recipe rehearsed once (at 2 layers)."""
+    out, done = tmp_path_factory.mktemp("recipes"), {}
+
+    def get(name, layers=2):
+        if (name, layers) not in done:
+            config, overrides = RECIPES[name]
+            run = out / f"{name}-{layers}"
+            rehearse(config, [*overrides, f"output_dir={run}"], WORLD, layers=layers, check_fit=False)
+            done[name, layers] = json.loads((run / "rehearsal" / "rehearsal.json").read_text())
+        return done[name, layers]
+
+    return get
+
+
+@pytest.mark.parametrize("name, embedding", [
+    ("ursa", (151936 + 131072) * 2048 * 4 / WORLD),  # fp32 shards of URSA-1.7B's embedding (FSDP2)
+    ("mmada", (126464 + 8192) * 4096 * 2)])  # MMaDA-8B's whole bf16 embedding (DDP)
+def test_text_to_image_recipes_rehearse_to_the_optimizer(rehearsed, name, embedding):
+    r = rehearsed(name)
+    assert r["optimizer_steps"] >= 1 and r["optimizer_state_bytes"] > 0 and r["update_s"] > 0
+    assert r["peak_split"][PARAMS] > embedding  # the model at its published width, not the fixture's
+    assert 0 < r["rollout_peak_bytes"] <= r["peak_bytes"]
+    # the images were decoded for the reward: its one check of the codes is a counted host sync
+    assert any("decode_images" in site for site in r["host_reads"]) and sum(r["host_reads"].values()) < 200
+
+
+def test_mmada_peak_grows_by_one_block_per_layer(rehearsed):
+    one, two = rehearsed("mmada", 1), rehearsed("mmada", 2)
+    # DDP: each layer adds a whole bf16 LLaDA block and its fp32 LoRA weights (MMaDA's blocks are LLaDA's)
+    assert two["peak_split"][PARAMS] - one["peak_split"][PARAMS] == pytest.approx(BLOCK * 2 + LORA * 4, rel=0.02)
+    assert two["peak_bytes"] > one["peak_bytes"] > 0 and two["host_reads"] == one["host_reads"]
+
+
+def test_llada2_moe_full_fine_tuning_with_offload(rehearsed):
+    r = rehearsed("llada2")
+    # LLaDA2-mini at 2 layers by hand from its config.json: untied embedding and head (157,184 x 2048),
+    # two attention blocks (fused qkv 2048 -> (16 + 2 x 4) x 128, dense 2048 -> 2048), the dense first
+    # MLP (3 x 2048 x 5120), and the MoE layer: 256 experts and one shared (3 x 2048 x 512 each), router
+    experts = 256 * 3 * 2048 * 512
+    total = 2 * 157184 * 2048 + 2 * (2048 * 3072 + 2048 * 2048) + 3 * 2048 * 5120 + experts + 3 * 2048 * 512 + 256 * 2048
+    # every expert trained at full size: AdamW's fp32 exp_avg and exp_avg_sq of this rank's 1/8 of all of them
+    assert r["optimizer_state_bytes"] == pytest.approx(2 * 4 * total / WORLD, rel=0.01)
+    assert r["settings"]["cpu_offload"] and "optimizer state" not in r["peak_split"]  # host memory, not counted
+    assert r["peak_bytes"] > 0 and r["optimizer_steps"] == 1
+    assert any("tolist at ddrl/models/native/llada2.py" in site for site in r["host_reads"])  # routing counts

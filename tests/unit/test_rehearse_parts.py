@@ -1,6 +1,7 @@
 """The parts of `ddrl train --rehearse` (ddrl.training.rehearse) that run without a whole step."""
 
 import json
+from pathlib import Path
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -97,3 +98,70 @@ def test_a_whole_tensor_read_is_one_sync_and_routing_counts_stand_in_balanced():
     assert counts == [4, 4, 4, 4, 4, 4, 3, 3]  # 30 routed pairs over 8 experts, as even as integers allow
     assert chosen.shape == (5, 3)  # the stand-in selects every row: the largest shape the read can give
     assert reads.sites == {"tolist at outside ddrl": 2, "nonzero (a read through a boolean mask) at outside ddrl": 1}
+
+
+def test_ursa_pipeline_sized_with_its_codebook_in_every_part(tmp_path):
+    """The transformer's head, the VQ decoder's codebook and the metric path's codebook are one size,
+    which URSA's loader checks: all three at URSA-1.7B's 2**17 codes; the embedding at full size."""
+    from ddrl.training.memory import URSA_1_7B
+    from ddrl.training.rehearse import sized_model_dir
+
+    directory, shape = sized_model_dir("/path/to/URSA-1.7B-IBQ512", 2, tmp_path)
+    transformer = json.loads((directory / "transformer" / "config.json").read_text())
+    assert (transformer["lm_head_size"], transformer["vocab_size"], transformer["hidden_size"]) == (
+        131072, 151936 + 131072, 2048)
+    assert transformer["lm_vocab_size"] + transformer["lm_head_size"] <= transformer["vocab_size"]
+    assert json.loads((directory / "vae" / "config.json").read_text())["num_vq_embeddings"] == 131072
+    codebook = torch.load(directory / "scheduler" / "scheduler_model.pth", weights_only=True)["path.emb"]
+    assert codebook.shape[0] == 131072 and shape.codebook == URSA_1_7B.codebook and shape.n_layers == 2
+    # the fixture itself is untouched (the sized directory links every other file)
+    assert json.loads((FIXTURES / "ursa/model/vae/config.json").read_text())["num_vq_embeddings"] == 64
+
+
+def test_stand_in_task_takes_the_recipes_image_grid():
+    from ddrl.config import RLConfig, load_config
+    from ddrl.training.rehearse import StandInTask
+
+    image = StandInTask.of_recipe(load_config("configs/paper/udm_grpo_ursa.yaml", [], RLConfig), "a cat")
+    text = StandInTask.of_recipe(load_config("configs/paper/diffu_grpo_llada8b.yaml", [], RLConfig), "1 + 1")
+    assert (image.modality, image.image_grid) == ("image", (32, 32))
+    assert (text.modality, text.image_grid) == ("text", None)
+
+
+def test_a_check_that_refuses_bad_data_is_answered_as_passing(tmp_path):
+    """A boolean read is answered True (an early exit taken, a finite loss), except inside the named
+    checks whose True means "refuse this data" (image codes outside the codebook): there False."""
+    from ddrl.models.native.magvit2 import MAGVITv2Decoder
+    from ddrl.training.rehearse import _weights_unread, stand_in_vq_dir
+
+    reads = HostReads()
+    with FakeTensorMode(allow_non_fake_inputs=True), reads:
+        reads.counting = True
+        codes = torch.zeros(2, 4, dtype=torch.long)
+        from ddrl.data import decode_image_ids
+
+        class Decoding:  # decode_image_ids's view of a model: its codebook ids and decoder
+            image_token_range = (10, 20)
+
+            def decode_images(self, codes):
+                return torch.zeros(codes.shape[0], 3, 8, 8)
+
+        assert decode_image_ids(Decoding(), codes + 10, (2, 2)).shape == (2, 3, 8, 8)  # no ValueError
+        assert bool((codes > 0).any())  # elsewhere the stand-in stays True
+    assert any("decode_image_ids" in site for site in reads.sites)
+    # the stand-in MAGVIT-v2 directory loads as the released layout, at the decoder's real size
+    vq = stand_in_vq_dir(tmp_path)
+    with torch.device("meta"), _weights_unread():
+        decoder = MAGVITv2Decoder.from_pretrained(vq)
+    assert sum(p.numel() for p in decoder.parameters()) > 30e6  # MAGVIT-v2's decoder: ~40M parameters
+
+
+def test_bench_picks_the_recipes_own_world_size():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rehearse_all", "bench/rehearse_all.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    world, note = bench.recipe_world_size(Path("configs/paper/gdsd_llada8b.yaml"), 8)
+    assert world == 5 and "20 prompt groups do not split over 8" in note
+    assert bench.recipe_world_size(Path("configs/paper/diffu_grpo_llada8b.yaml"), 8) == (8, "")
