@@ -59,7 +59,7 @@ from ddrl.training.distributed import (DistInfo, ModelHandle, RowSums, StepSums,
                                        resolve_strategy, shard_model, wrap_model, zero_loss)
 from ddrl.training.evaluation import TrainingEvaluation
 from ddrl.rewards.composite import score_parts
-from ddrl.training.logging import MetricsLogger, RunLog, eval_settings, plot_reward_curve, step_line
+from ddrl.training.logging import MetricsLogger, RunLog, eval_settings, plot_reward_curve, stat_name, step_line
 from ddrl.training.memory import check_memory
 from ddrl.training.method import Method, build_method
 from ddrl.training.preemption import PreemptionGuard
@@ -562,11 +562,11 @@ class Trainer:
                 loss_sum = loss_sum + total
                 grad_norm_sum = grad_norm_sum + grad_norm.detach().float()
         # loss and grad_norm are the same on every rank (global values); a skipped step counts as 0
-        sums: dict[str, Any] = {"loss": loss_sum / n_updates, "grad_norm": grad_norm_sum / n_updates}
+        sums: dict[str, Any] = {"loss/total": loss_sum / n_updates, "grad_norm": grad_norm_sum / n_updates}
         for name, row in stat_sums.items():  # row counts (COUNTED_STATS) are sums, the rest means
-            sums[name] = StepSums(row, None if name in COUNTED_STATS else real)
+            sums[stat_name(name)] = StepSums(row, None if name in COUNTED_STATS else real)
         if skipped:
-            sums["nonfinite_steps"] = float(skipped)
+            sums["update/nonfinite_steps"] = float(skipped)
         sums["lr"] = self.sched.get_last_lr()[0]
         sums["optimizer_steps"] = float(self.optimizer_steps)  # cumulative: the peers' unit of run length
         return sums
@@ -620,7 +620,7 @@ class Trainer:
             "reward/mean": RowSums(valid_r.sum(), valid.sum()),  # NaN when no reward is valid
             "reward/std": RowSums(valid_r.sum(), valid.sum(), squares=(valid_r * valid_r).sum()),
             "reward/invalid_frac": RowSums((~valid).sum(), rows),
-            "completion/length": RowSums(batch.completion_mask.sum(), rows),
+            "completions/mean_length": RowSums(batch.completion_mask.sum(), rows),
             "rollout/model_calls": float(batch.extras.get("nfe", 0)),
             "rollout/forward_tokens": RowSums(float(batch.extras.get("forward_tokens") or 0)),  # summed over ranks
             "rollout/truncated_prompts": float(batch.extras.get("truncated_prompts", 0)),  # of the whole step's prompts
