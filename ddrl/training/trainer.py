@@ -226,8 +226,13 @@ class Trainer:
             from ddrl.models.lora import apply_lora
 
             model = apply_lora(model, lora, seed=self.cfg.seed)
-        # A user's loader (provided.load_model) may return a module without it; every DiffusionLM has it.
-        if self.cfg.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+        if self.cfg.model.gradient_checkpointing:
+            # every DiffusionLM has it; a user's loader (provided.load_model) may return a module without it,
+            # and a memory setting that silently does nothing is found out at the first OOM
+            if not callable(getattr(model, "gradient_checkpointing_enable", None)):
+                raise ValueError(f"model.gradient_checkpointing=true, but {type(model).__name__} has no "
+                                 f"gradient_checkpointing_enable(); set model.gradient_checkpointing=false or "
+                                 f"give the model that method")
             model.gradient_checkpointing_enable()
         if self.cfg.train.disable_dropout:
             disable_dropout(model)
