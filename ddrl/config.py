@@ -91,6 +91,12 @@ class ModelConfig:
 
 @dataclass
 class SamplerConfig:
+    """The rollout section: every sampler's keys, in one place for YAML, flags and the Python API. Each
+    sampler reads only those of its settings class (ddrl.sampling.settings; MaskedSettings, DreamSettings
+    ... beside each sampler); a key set for a sampler that does not read it is refused, naming the sampler,
+    the key and why: at config load for an explicit name, once the model is known for auto. A key at its
+    default, or "off" (cache none, a block_length of the whole completion), is not set."""
+
     # sampler: auto (the model's own: block for SDAR/TraDo, diffusion_gemma for DiffusionGemma, uniform
     # for uniform models, metric_path for URSA, masked for LLaDA/MMaDA/Dream) | masked (LLaDA semi-AR) | emerge | uniform |
     # block | dream | diffusion_gemma; one the model cannot run is refused (sampling.checks.resolve_sampler)

@@ -402,7 +402,7 @@ def _step(logits: Tensor, window: Tensor, masked: Tensor, rule: CommitRule, step
         elif s.remasking == "low_confidence":
             confidence = chosen_probability(logits, x0)  # [B, W] float64
         else:
-            assert noise is not None  # check_sampler: random remasking needs a generator
+            assert noise is not None  # _run: random remasking needs a generator
             confidence = noise(masked.shape[1])
         confidence = confidence.masked_fill(~masked, float("-inf"))  # committed positions never move
     committed = rule.choose(step, confidence, masked, noise) & masked  # type: ignore[arg-type]  # None only for a rule without uses_confidence
