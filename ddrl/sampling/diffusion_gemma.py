@@ -253,10 +253,9 @@ def diffusion_gemma_generate(model, prompt_ids: Tensor, attention_mask: Tensor |
     generator       the only source of randomness (module doc); always required.
     Returns (sequence [B, P + C] = prompt + canvas, decoder calls made).
     """
-    cfg = DiffusionGemmaRun(steps=steps, t_min=float(t_min), t_max=float(t_max),
-                                 entropy_bound=float(entropy_bound), stability_threshold=stability_threshold,
-                                 confidence_threshold=confidence_threshold, eos_token_id=eos_token_id,
-                                 pad_token_id=pad_token_id)
+    cfg = DiffusionGemmaRun(steps=steps, t_min=float(t_min), t_max=float(t_max), entropy_bound=float(entropy_bound),
+                            stability_threshold=stability_threshold, confidence_threshold=confidence_threshold,
+                            eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     _check(model, prompt_ids, attention_mask, cfg, initial_canvas, generator)
     B, C = prompt_ids.shape[0], int(model.canvas_length)
     if initial_canvas is None:

@@ -40,7 +40,8 @@ SOFT_STEPS = 3  # configs_gosai finetuning.truncate_steps
 class DrakesSettings(SamplerSettings):
     """What rollout.name=drakes reads: the sizes and the temperature."""
 
-    why_not: ClassVar[str] = "the DRAKES DDPM sampler decodes the whole sequence each step, without a prompt, blocks, cache or guidance"
+    why_not: ClassVar[str] = ("the DRAKES DDPM sampler decodes the whole sequence each step, without a prompt, blocks, "
+                              "cache or guidance")
 
 
 def move_chance(model: Any, t: float) -> float:

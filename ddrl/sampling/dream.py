@@ -79,7 +79,8 @@ class DreamSettings(TokenFilters):
     """What rollout.name=dream reads: Dream's ordering and filters (top_p, top_k), and diffusion_generate's
     eps and vocab_limit (no YAML keys: a section with such attributes sets them)."""
 
-    why_not: ClassVar[str] = "it decodes the whole completion each step, without blocks, cache, guidance or compiled steps"
+    why_not: ClassVar[str] = ("it decodes the whole completion each step, without blocks, cache, guidance or compiled "
+                              "steps")
 
     alg: str = "entropy"  # which masked positions to commit: origin | entropy | maskgit_plus | topk_margin
     alg_temp: float | None = None  # sample the positions to commit from softmax(confidence / alg_temp)

@@ -45,8 +45,8 @@ from ddrl.sampling.base import SampleOutput, model_mask_id
 from ddrl.sampling.cache import CACHE_MODES
 from ddrl.sampling.checks import check_generator_given, check_prompts
 from ddrl.sampling.sdar import commit_dynamic, tempered_confidence
-from ddrl.sampling.settings import (OFF, SamplerSettings, check_choice, check_threshold, no_cache, one_block,
-                                    positive_int, register_sampler)
+from ddrl.sampling.settings import (OFF, SamplerSettings, check_block_length, check_choice, check_threshold, no_cache,
+                                    one_block, register_sampler)
 from ddrl.sampling.utils import StepNoise
 
 # LLaDA2.1's generate() defaults
@@ -70,8 +70,7 @@ class Llada2EditSettings(SamplerSettings):
 
     def check(self, p: str, name: str, block_size: int | None) -> None:
         super().check(p, name, block_size)
-        if self.block_length is not None and not positive_int(self.block_length):
-            raise ValueError(f"{p}block_length must be a positive integer or unset (one block), got {self.block_length!r}")
+        check_block_length(p, self.block_length)
         check_threshold(p, self.threshold)
         check_choice(p, "cache", self.cache, CACHE_MODES)
 

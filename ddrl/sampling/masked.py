@@ -114,14 +114,13 @@ from torch import Tensor
 from ddrl.data import as_stop_ids, is_stop, model_stop_ids
 from ddrl.contract import model_view
 from ddrl.sampling.base import SampleOutput, model_mask_id
-from ddrl.sampling.cache import block_forward
-from ddrl.sampling.cache import CACHE_MODES
+from ddrl.sampling.cache import CACHE_MODES, block_forward
 from ddrl.sampling.checks import check_generator_given, check_prompts
 from ddrl.sampling.commit import REMASKING, CommitRule, EmergeRule, commit_rule
 from ddrl.sampling.released import RELEASED, RNG_LAYOUTS, ReleasedEmergeRule
 from ddrl.sampling.sdar import tempered_confidence
-from ddrl.sampling.settings import (OFF, REFUSED, GuidedSettings, TokenFilters, check_choice, check_threshold, no_cache,
-                                    one_block, positive_int, register_sampler)
+from ddrl.sampling.settings import (OFF, REFUSED, GuidedSettings, TokenFilters, check_block_length, check_choice,
+                                    check_threshold, no_cache, one_block, register_sampler)
 from ddrl.sampling.trajectory import ProbRecorder, take_positions
 from ddrl.types import COMMIT_ORDER
 from ddrl.sampling.utils import NOISE_DTYPES, StepNoise, chosen_probability, codebook_range, gumbel_argmax
@@ -144,8 +143,7 @@ class BlockwiseSettings(GuidedSettings):
 
     def check(self, p: str, name: str, block_size: int | None) -> None:
         super().check(p, name, block_size)
-        if self.block_length is not None and not positive_int(self.block_length):
-            raise ValueError(f"{p}block_length must be a positive integer or unset (one block), got {self.block_length!r}")
+        check_block_length(p, self.block_length)
         if not isinstance(self.compile, bool):
             raise ValueError(f"{p}compile must be true or false, got {self.compile!r}")
         if self.compile and self.cache == "prefix":  # ddrl.sampling.cache "Compiled steps"
@@ -197,8 +195,8 @@ class MaskedSettings(BlockwiseSettings, TokenFilters):
             raise ValueError(f"{p}remasking='sdar_dynamic' needs {p}threshold (SDAR's confidence_threshold, e.g. 0.9) "
                              f"and no {p}factor, got threshold={threshold}, factor={factor}")
         if threshold is not None and factor is not None:
-            raise ValueError(f"{p}threshold={threshold} and {p}factor={factor} are two parallel-decoding rules; set only "
-                             f"one of them")
+            raise ValueError(f"{p}threshold={threshold} and {p}factor={factor} are two parallel-decoding rules; set "
+                             f"only one of them")
         self.check_blocks(p, self.block_length or self.gen_length, block_size)
 
     def counts_steps(self) -> bool:  # fixed counts and SDAR's dynamic rule; threshold / factor run a block until full
@@ -235,14 +233,14 @@ class EmergeSettings(BlockwiseSettings):
     def check(self, p: str, name: str, block_size: int | None) -> None:
         super().check(p, name, block_size)
         check_choice(p, "rng", self.rng, RNG_LAYOUTS, "a valid random-number layout")
-        if self.rng == RELEASED:  # MaskGRPO's t2i emerge draws: one block, torch.multinomial in the probabilities' dtype
+        if self.rng == RELEASED:  # MaskGRPO's t2i draws: one block, torch.multinomial in the probabilities' dtype
             if self.block_length is not None and self.block_length != self.gen_length:
                 raise ValueError(f"{p}rng='released' decodes the completion as one block, as MaskGRPO's "
                                  f"t2i_generate_emerge; {p}block_length={self.block_length} splits it: unset "
                                  f"{p}block_length")
             if self.noise_dtype != "float32":
-                raise ValueError(f"{p}noise_dtype applies to ddrl's layout; rng='released' draws with torch.multinomial "
-                                 f"in the probabilities' dtype, as the authors do: unset {p}noise_dtype")
+                raise ValueError(f"{p}noise_dtype applies to ddrl's layout; rng='released' draws with "
+                                 f"torch.multinomial in the probabilities' dtype, as the authors do: unset {p}noise_dtype")
         self.check_blocks(p, self.block_length or self.gen_length, block_size)
 
 
@@ -512,9 +510,9 @@ def generate(model, prompt_ids: Tensor, attention_mask: Tensor | None = None, *,
     return (sequence, out.trajectory) if return_trajectory else sequence
 
 
-def _sample(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, settings: type[BlockwiseSettings],
+def _sample(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, kind: type[BlockwiseSettings],
             sampler: str, generator: Any, return_trajectory: bool) -> SampleOutput:
-    out = _run(model, prompt_ids, prompt_mask, cfg, settings, sampler=sampler, key="rollout", generator=generator,
+    out = _run(model, prompt_ids, prompt_mask, cfg, kind, sampler=sampler, key="rollout", generator=generator,
                record=return_trajectory)
     return SampleOutput(completion_ids=out.completion, trajectory=out.trajectory, nfe=out.nfe,
                         forward_tokens=out.forward_tokens)
@@ -544,6 +542,7 @@ def sample_emerge(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: An
     """MaskGRPO's ancestral "emerge" sampler (module doc), completion only [B, L].
 
     cfg.steps model calls, split evenly over blocks of cfg.block_length (None = one block, as in
-    MaskGRPO); cfg.cfg_scale w gives (1 + w) cond - w uncond; cfg.remasking is not used.
+    MaskGRPO); cfg.cfg_scale w gives (1 + w) cond - w uncond. Reads EmergeSettings: no remasking, threshold
+    or factor (it commits at random by its schedule).
     """
     return _sample(model, prompt_ids, prompt_mask, cfg, EmergeSettings, "emerge", generator, return_trajectory)

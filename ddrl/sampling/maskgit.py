@@ -41,7 +41,8 @@ from ddrl.sampling.utils import StepNoise, codebook_range, completion_logits, gu
 class MaskgitSettings(GuidedSettings):
     """What rollout.name=maskgit reads: the sizes, the temperature and the guidance weight."""
 
-    why_not: ClassVar[str] = "MMaDA's MaskGIT decodes the whole image each step by its cosine schedule, without blocks or cache"
+    why_not: ClassVar[str] = ("MMaDA's MaskGIT decodes the whole image each step by its cosine schedule, without blocks "
+                              "or cache")
 
 
 def _log(t: Tensor) -> Tensor:

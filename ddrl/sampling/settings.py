@@ -55,6 +55,11 @@ def check_choice(p: str, name: str, value: Any, valid: tuple[str, ...], what: st
         raise ValueError(f"{p}{name}={value!r} is not {what}; choose one of: {', '.join(valid)}")
 
 
+def check_block_length(p: str, block_length: int | None) -> None:
+    if block_length is not None and not positive_int(block_length):
+        raise ValueError(f"{p}block_length must be a positive integer or unset (one block), got {block_length!r}")
+
+
 def check_threshold(p: str, threshold: float | None) -> None:
     """The confidence threshold's bound, the same for every sampler that reads one."""
     if threshold is not None and not 0.0 < threshold <= 1.0:
@@ -81,7 +86,8 @@ class SamplerSettings:
         out = []
         for name, f in known_settings().items():
             value = getattr(section, name, f.default)
-            if name not in declared and not (f.metadata[OFF](value, section) if OFF in f.metadata else value == f.default):
+            off = f.metadata[OFF](value, section) if OFF in f.metadata else value == f.default
+            if name not in declared and not off:
                 out.append((name, value))
         return out
 
@@ -90,7 +96,8 @@ class SamplerSettings:
         """The sampler's settings from a rollout section, checked: values, then keys it does not read.
         block_size: the model's block size when known (the block samplers check their blocks with it)."""
         p = f"{key}." if key else ""
-        settings = cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls) if hasattr(section, f.name)})
+        given = {f.name: getattr(section, f.name) for f in dataclasses.fields(cls) if hasattr(section, f.name)}
+        settings = cls(**given)
         settings.check(p, name, block_size)
         for setting, value in cls.unread(section):
             refused = known_settings()[setting].metadata.get(REFUSED)

@@ -40,7 +40,8 @@ from ddrl.types import Trajectory
 class UniformSettings(GuidedSettings):
     """What rollout.name=uniform reads: the sizes, the temperature and the guidance weight."""
 
-    why_not: ClassVar[str] = "uniform diffusion updates every token at every step, without blocks, cache or a commit rule"
+    why_not: ClassVar[str] = ("uniform diffusion updates every token at every step, without blocks, cache or a commit "
+                              "rule")
 
 
 def _class_logits(model: Any, process: UniformProcess, prompt_ids: Tensor, uncond_prompt: Tensor | None,
