@@ -91,6 +91,12 @@ class ModelConfig:
 
 @dataclass
 class SamplerConfig:
+    """The rollout section: every sampler's keys, in one place for YAML, flags and the Python API. Each
+    sampler reads only those of its settings class (ddrl.sampling.settings; MaskedSettings, DreamSettings
+    ... beside each sampler); a key set for a sampler that does not read it is refused, naming the sampler,
+    the key and why: at config load for an explicit name, once the model is known for auto. A key at its
+    default, or "off" (cache none, a block_length of the whole completion), is not set."""
+
     # sampler: auto (the model's own: block for SDAR/TraDo, diffusion_gemma for DiffusionGemma, uniform
     # for uniform models, metric_path for URSA, masked for LLaDA/MMaDA/Dream) | masked (LLaDA semi-AR) | emerge | uniform |
     # block | dream | diffusion_gemma; one the model cannot run is refused (sampling.checks.resolve_sampler)
@@ -538,18 +544,23 @@ def _choice(value: str, valid: list[str] | tuple[str, ...], key: str) -> None:
 
 
 def validate_sampler(s: SamplerConfig, key: str = "rollout") -> None:
-    """One check for sampler settings (ddrl.sampling.checks.check_sampler): the samplers run the same
-    one, so a bad value reads the same from a config file and from a direct call."""
-    from ddrl.sampling.checks import check_sampler
+    """The sampler's own settings class checks the section (registered with it: SAMPLERS.get(name).settings,
+    ddrl.sampling.settings): its values, and no key set that it does not read. rollout.name=auto: every
+    sampler that reads all the keys set checks their values; the keys are checked against the model's own
+    sampler when the model is known (the trainer, `ddrl eval`). The samplers run the same check, so a bad
+    value reads the same from a config file and from a direct call."""
+    from ddrl.registry import SAMPLERS
 
-    try:
-        check_sampler(s, key)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    n = s.max_prompt_length
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ConfigError(f"{key}.max_prompt_length must be a positive number of tokens (each longer prompt keeps "
-                          f"its last N), or null for no truncation; got {n!r}")
+    auto = s.name == "auto"
+    if not auto and s.name not in SAMPLERS:
+        raise ConfigError(f"{key}.name={s.name!r} is not valid; choose one of: auto, {', '.join(SAMPLERS.names())}")
+    for name in SAMPLERS.names() if auto else [s.name]:
+        settings = getattr(SAMPLERS.get(name), "settings", None)  # None: a sampler registered without one
+        if settings is not None and not (auto and settings.unread(s)):
+            try:
+                settings.read(s, key, name=name)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
 
 
 # Why bf16 trainable weights are refused (config validation and build_optimizer say the same).

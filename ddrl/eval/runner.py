@@ -30,7 +30,8 @@ from ddrl.data import check_modality, encode_prompts, prompt_budget, task_comple
 from ddrl.contract import model_view
 from ddrl.registry import SAMPLERS
 from ddrl.rewards.pixels import save_image_grid, to_uint8
-from ddrl.sampling.checks import AUTO, NOT_APPLICABLE, resolve_sampler
+from ddrl.sampling.checks import AUTO, resolve_sampler
+from ddrl.sampling.settings import settings_class
 
 PREVIEW_IMAGES = 16  # an image task's evaluation keeps this many examples' pictures (a 4 x 4 grid PNG)
 
@@ -51,12 +52,13 @@ def default_sampler(model: Any, task: Any, *, key: str = "sampler", **overrides:
         if k not in fields:
             raise ValueError(f"unknown sampler setting {k!r}; valid: {', '.join(sorted(fields))}")
         setattr(cfg, k, v)
-    if "block_length" in NOT_APPLICABLE.get(cfg.name, ()) and overrides.get("block_length") is None:
-        cfg.block_length = None  # Dream's and URSA's samplers decode the whole completion at every step
+    blocks = "block_length" in {f.name for f in dataclasses.fields(settings_class(name) or SamplerConfig)}
+    if not blocks and overrides.get("block_length") is None:
+        cfg.block_length = None  # a sampler without blocks decodes the whole completion at every step
     if overrides.get("gen_length") is not None:  # sizes that followed the task follow the override
         if overrides.get("steps") is None:
             cfg.steps = cfg.gen_length
-        if overrides.get("block_length") is None and cfg.name != "block" and "block_length" not in NOT_APPLICABLE.get(cfg.name, ()):
+        if overrides.get("block_length") is None and cfg.name != "block" and blocks:
             cfg.block_length = cfg.gen_length
     return cfg
 

@@ -6,8 +6,8 @@
 eos_token_id, pad_token_id, process, block_size, and `model(input_ids, attention_mask).logits`).
 `g` is a torch.Generator, or a ddrl.processes.draws.RowGenerators (one generator per chunk of rows,
 e.g. per prompt group): then each chunk gets the completions a call on that chunk alone would get,
-so one batched call can serve every group of a rank. The settings are checked by
-ddrl.sampling.checks.check_sampler (the same check config validation runs). The trainer and `ddrl
+so one batched call can serve every group of a rank. `cfg` is the rollout section; each sampler reads
+it into its own settings class (ddrl.sampling.settings: the check config validation runs). The trainer and `ddrl
 eval` / `ddrl sample` call it through sample_in_chunks, which cuts the rows into calls of at most
 rollout.batch_rows rows.
 """

@@ -54,8 +54,8 @@ call is compiled; the commit rule and the noise stay eager, so the tokens are th
 static shapes above make it compile once per call shape: no cache and the dual cache have at most
 two (a block's first call and its later ones) in every block; the exact block cache's past grows
 with the block, so it is compiled with dynamic sizes (a bounded number of graphs, tested). The
-prefix cache feeds a shorter suffix every block and would recompile per block: check_sampler
-refuses compile with it. Under CUDA graphs each call's outputs live until the next call; the
+prefix cache feeds a shorter suffix every block and would recompile per block: the settings
+(masked.BlockwiseSettings) refuse compile with it. Under CUDA graphs each call's outputs live until the next call; the
 sampler reads the logits and copies the keys/values into its buffer before then.
 
 **Logits shifted by one** (Dream): DiffusionLM realigns them over each call's input, so the first
@@ -460,7 +460,7 @@ def block_forward(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, *,
     compile=True runs its model calls under torch.compile ("Compiled steps" in the module doc).
     class_range (a, b): every step's logits are those of ids [a, b) only (an image model's codebook).
 
-    The settings were checked by ddrl.sampling.checks.check_sampler (the cache choice; prefix/dual on a
+    The settings were checked by the sampler's settings class (the cache choice; prefix/dual on a
     block-causal model need sampler blocks of whole model blocks); "auto" on unaligned blocks runs uncached."""
     common: dict[str, Any] = dict(cfg_scale=cfg_scale, mask_id=mask_id, class_range=class_range)
     view = model_view(model)

@@ -216,7 +216,7 @@ CommitRule = FixedCountRule | ThresholdRule | DynamicRule | EmergeRule | Release
 
 def steps_per_block(steps: int, gen_length: int, block_length: int) -> int:
     """Model calls per block: steps / ceil(gen_length / block_length) (a block model's completion
-    need not be whole blocks; its last one counts). check_sampler has checked the division."""
+    need not be whole blocks; its last one counts). The settings class has checked the division."""
     return steps // -(-gen_length // block_length)
 
 
@@ -233,8 +233,8 @@ def emerge_mask_fraction(model: Any) -> Callable[[float], float]:
 
 def commit_rule(cfg: Any, sampler: str, gen_length: int, block_length: int, model: Any,
                 key: str = "rollout") -> CommitRule:
-    """The rule of settings that check_sampler accepted: emerge's pace for the emerge sampler (its
-    released layout under rng=released, for a model with image completions), else SDAR's dynamic rule,
+    """The rule of the settings that MaskedSettings / EmergeSettings accepted: emerge's pace for the emerge
+    sampler (its released layout under rng=released, for a model with image completions), else SDAR's dynamic rule,
     threshold or factor decoding, or LLaDA's fixed counts. key: how errors name the settings."""
     spb = lambda: steps_per_block(cfg.steps, gen_length, block_length)  # noqa: E731  (only where steps count)
     if sampler == "emerge" and getattr(cfg, "rng", "ddrl") == RELEASED:  # MaskGRPO's t2i draws (ddrl.sampling.released)

@@ -45,19 +45,15 @@ Where this differs from `generate`:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from ddrl.contract import model_view
 from ddrl.processes.draws import row_chunks
-from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput
-from ddrl.sampling.checks import check_sampler
-
-if TYPE_CHECKING:  # sampling imports only torch at run time
-    from ddrl.config import SamplerConfig
+from ddrl.sampling.settings import SamplerSettings, register_sampler
 
 # transformers' DiffusionGemmaGenerationConfig._get_default_generation_params
 DEFAULT_T_MIN, DEFAULT_T_MAX = 0.4, 0.8
@@ -67,7 +63,24 @@ DEFAULT_CONFIDENCE_THRESHOLD = 0.005
 
 
 @dataclass
-class DiffusionGemmaSettings:
+class DiffusionGemmaSettings(SamplerSettings):
+    """What rollout.name=diffusion_gemma reads: the sizes (gen_length = the model's canvas_length) and, where
+    the section has them (no YAML keys), transformers' generation settings. The temperature is its
+    schedule's (t_max -> t_min), so rollout.temperature is not read."""
+
+    why_not: ClassVar[str] = "it denoises one canvas by its own schedule, without blocks, cache or guidance"
+
+    t_min: float = DEFAULT_T_MIN
+    t_max: float = DEFAULT_T_MAX
+    entropy_bound: float = DEFAULT_ENTROPY_BOUND
+    stability_threshold: int | None = DEFAULT_STABILITY_THRESHOLD
+    confidence_threshold: float | None = DEFAULT_CONFIDENCE_THRESHOLD
+
+
+@dataclass
+class DiffusionGemmaRun:
+    """One diffusion_gemma_generate call's settings."""
+
     steps: int  # their max_denoising_steps
     t_min: float
     t_max: float
@@ -83,7 +96,7 @@ class DiffusionGemmaSettings:
 # --------------------------------------------------------------------------------------------
 
 
-def scheduled_logits(logits: Tensor, remaining: int, cfg: DiffusionGemmaSettings) -> Tensor:
+def scheduled_logits(logits: Tensor, remaining: int, cfg: DiffusionGemmaRun) -> Tensor:
     """[B, C, V] / tau_n, with tau_n computed in float32 from an int32 step as their
     LinearTemperatureScheduleLogitsProcessor does (bit-equal logits)."""
     n = torch.tensor(remaining, dtype=torch.int32, device=logits.device)
@@ -166,7 +179,7 @@ def _per_chunk(chunks: list[tuple[int, int, torch.Generator]], draw, device: tor
 
 
 @torch.no_grad()
-def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DiffusionGemmaSettings,
+def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DiffusionGemmaRun,
              canvas: Tensor, generator: torch.Generator | None) -> _Decoded:
     B, C = canvas.shape
     V = int(model.vocab_size)
@@ -240,10 +253,9 @@ def diffusion_gemma_generate(model, prompt_ids: Tensor, attention_mask: Tensor |
     generator       the only source of randomness (module doc); always required.
     Returns (sequence [B, P + C] = prompt + canvas, decoder calls made).
     """
-    cfg = DiffusionGemmaSettings(steps=steps, t_min=float(t_min), t_max=float(t_max),
-                                 entropy_bound=float(entropy_bound), stability_threshold=stability_threshold,
-                                 confidence_threshold=confidence_threshold, eos_token_id=eos_token_id,
-                                 pad_token_id=pad_token_id)
+    cfg = DiffusionGemmaRun(steps=steps, t_min=float(t_min), t_max=float(t_max), entropy_bound=float(entropy_bound),
+                            stability_threshold=stability_threshold, confidence_threshold=confidence_threshold,
+                            eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     _check(model, prompt_ids, attention_mask, cfg, initial_canvas, generator)
     B, C = prompt_ids.shape[0], int(model.canvas_length)
     if initial_canvas is None:
@@ -255,7 +267,7 @@ def diffusion_gemma_generate(model, prompt_ids: Tensor, attention_mask: Tensor |
     return torch.cat([prompt_ids, out.canvas.to(prompt_ids.dtype)], dim=1), out.nfe
 
 
-def _check(model, prompt_ids: Tensor, attention_mask: Tensor | None, cfg: DiffusionGemmaSettings,
+def _check(model, prompt_ids: Tensor, attention_mask: Tensor | None, cfg: DiffusionGemmaRun,
            initial_canvas: Tensor | None, generator: torch.Generator | None) -> None:
     view = model_view(model)
     if view.attention != "canvas" or not view.canvas_length:
@@ -297,15 +309,15 @@ def _check(model, prompt_ids: Tensor, attention_mask: Tensor | None, cfg: Diffus
 # --------------------------------------------------------------------------------------------
 
 
-@SAMPLERS.register("diffusion_gemma")
-def sample_diffusion_gemma(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, *,
+@register_sampler("diffusion_gemma", DiffusionGemmaSettings)
+def sample_diffusion_gemma(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *,
                            generator: torch.Generator | None, return_trajectory: bool = False) -> SampleOutput:
     """DiffusionGemma's generate with the rollout config (completion only, [B, C]).
 
-    Reads rollout.steps (their max_denoising_steps), gen_length (must equal the model's canvas_length)
-    and, where the config has them, t_min (0.4), t_max (0.8), entropy_bound (0.1), stability_threshold
-    (1) and confidence_threshold (0.005): transformers' defaults. rollout.temperature does not apply
-    (the schedule t_max -> t_min does). EOS handling is left to ddrl (no post-EOS padding here).
+    Reads DiffusionGemmaSettings: rollout.steps (their max_denoising_steps), gen_length (must equal the
+    model's canvas_length) and, where the section has them, t_min (0.4), t_max (0.8), entropy_bound (0.1),
+    stability_threshold (1) and confidence_threshold (0.005): transformers' defaults. rollout.temperature
+    does not apply (the schedule t_max -> t_min does). EOS handling is left to ddrl (no post-EOS padding here).
     """
     if return_trajectory:
         raise ValueError("the diffusion_gemma sampler records no trajectory; use an estimator that does not need "
@@ -314,15 +326,10 @@ def sample_diffusion_gemma(model, prompt_ids: Tensor, prompt_mask: Tensor | None
     if cfg.gen_length != C:
         raise ValueError(f"rollout.gen_length={cfg.gen_length} must equal DiffusionGemma's canvas_length={C} "
                          f"(one canvas)")
-    check_sampler(cfg, "rollout", name="diffusion_gemma")
-    if cfg.block_length not in (None, C):
-        raise ValueError(f"rollout.block_length={cfg.block_length} does not apply to the diffusion_gemma sampler "
-                         f"(one canvas of {C}); unset it")
+    s = DiffusionGemmaSettings.read(cfg, "rollout", name="diffusion_gemma")
     sequence, nfe = diffusion_gemma_generate(
-        model, prompt_ids, prompt_mask, steps=cfg.steps, t_min=getattr(cfg, "t_min", DEFAULT_T_MIN),
-        t_max=getattr(cfg, "t_max", DEFAULT_T_MAX), entropy_bound=getattr(cfg, "entropy_bound", DEFAULT_ENTROPY_BOUND),
-        stability_threshold=getattr(cfg, "stability_threshold", DEFAULT_STABILITY_THRESHOLD),
-        confidence_threshold=getattr(cfg, "confidence_threshold", DEFAULT_CONFIDENCE_THRESHOLD), generator=generator)
+        model, prompt_ids, prompt_mask, steps=s.steps, t_min=s.t_min, t_max=s.t_max, entropy_bound=s.entropy_bound,
+        stability_threshold=s.stability_threshold, confidence_threshold=s.confidence_threshold, generator=generator)
     P = prompt_ids.shape[1]
     return SampleOutput(completion_ids=sequence[:, P:], trajectory=None, nfe=nfe,
                         forward_tokens=nfe * prompt_ids.shape[0] * (P + C))

@@ -21,21 +21,27 @@ prompt must be empty (rollout.gen_length = the sequence length).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from ddrl.processes.draws import sample_categorical
-from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput, model_mask_id
+from ddrl.sampling.settings import SamplerSettings, register_sampler
 from ddrl.types import Trajectory
-
-if TYPE_CHECKING:
-    from ddrl.config import SamplerConfig
 
 EPS = 1e-5  # _sample_no_gradient's eps: the last time is 1e-5
 SOFT_STEPS = 3  # configs_gosai finetuning.truncate_steps
+
+
+@dataclass
+class DrakesSettings(SamplerSettings):
+    """What rollout.name=drakes reads: the sizes and the temperature."""
+
+    why_not: ClassVar[str] = ("the DRAKES DDPM sampler decodes the whole sequence each step, without a prompt, blocks, "
+                              "cache or guidance")
 
 
 def move_chance(model: Any, t: float) -> float:
@@ -75,9 +81,9 @@ def _state_logits(model: Any, state: Tensor) -> Tensor:
     return model(state).logits  # [B, L, V]; a soft state [B, L, V] goes in as a soft one-hot
 
 
-@SAMPLERS.register("drakes")
+@register_sampler("drakes", DrakesSettings)
 @torch.no_grad()
-def sample_drakes(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, *,
+def sample_drakes(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *,
                   generator: torch.Generator, return_trajectory: bool = False,
                   soft_steps: int = SOFT_STEPS) -> SampleOutput:
     """cfg.steps DDPM steps (the last `soft_steps` soft) for cfg.gen_length positions per row (docstring).
@@ -86,6 +92,7 @@ def sample_drakes(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, cf
     if prompt_ids.shape[1] != 0:
         raise ValueError(f"the drakes sampler is for the unconditional MDLM DNA model: the prompt must be empty, "
                          f"got {prompt_ids.shape[1]} prompt tokens")
+    cfg = DrakesSettings.read(cfg, "rollout", name="drakes")
     mask_id = model_mask_id(model)
     B, L, S = prompt_ids.shape[0], int(cfg.gen_length), int(cfg.steps)
     V, device = int(model.vocab_size), prompt_ids.device

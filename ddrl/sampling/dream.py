@@ -54,31 +54,53 @@ ddrl.sampling.trajectory's recorder with the whole completion as one block: it k
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from ddrl.contract import model_view
-from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput, model_mask_id
 from ddrl.processes.draws import uniform_draw
+from ddrl.sampling.checks import check_generator_given, check_prompts
 from ddrl.sampling.commit import commit_top_k
+from ddrl.sampling.settings import TokenFilters, check_choice, register_sampler
 from ddrl.sampling.trajectory import ProbRecorder
 from ddrl.types import COMMIT_ORDER
 from ddrl.sampling.utils import completion_logits
 from ddrl.types import Trajectory
-
-if TYPE_CHECKING:  # sampling imports only torch at run time (docs/architecture.md#dependency-direction)
-    from ddrl.config import SamplerConfig
 
 ALGS = ("origin", "entropy", "maskgit_plus", "topk_margin")
 ENTROPY_EPS = 1e-10  # the reference's log(p + 1e-10)
 
 
 @dataclass
-class DreamSettings:
+class DreamSettings(TokenFilters):
+    """What rollout.name=dream reads: Dream's ordering and filters (top_p, top_k), and diffusion_generate's
+    eps and vocab_limit (no YAML keys: a section with such attributes sets them)."""
+
+    why_not: ClassVar[str] = ("it decodes the whole completion each step, without blocks, cache, guidance or compiled "
+                              "steps")
+
+    alg: str = "entropy"  # which masked positions to commit: origin | entropy | maskgit_plus | topk_margin
+    alg_temp: float | None = None  # sample the positions to commit from softmax(confidence / alg_temp)
+    eps: float = 1e-3  # the final timestep
+    vocab_limit: int | None = None  # ids >= it are never chosen; None = the tokenizer's length (tokenizer_vocab_limit)
+
+    def check(self, p: str, name: str, block_size: int | None) -> None:
+        super().check(p, name, block_size)
+        check_choice(p, "alg", self.alg, ALGS, "one of Dream's orderings")
+        if self.alg_temp is not None and self.alg_temp < 0:
+            raise ValueError(f"{p}alg_temp must be >= 0 or unset, got {self.alg_temp}")
+        if self.alg == "origin" and self.alg_temp:
+            raise ValueError(f"{p}alg_temp applies to the confidence orderings; alg='origin' commits at random by the "
+                             f"schedule, so unset {p}alg_temp")
+
+
+@dataclass
+class DreamRun:
+    """One dream_generate call's settings, resolved."""
+
     steps: int
     alg: str
     alg_temp: float | None
@@ -165,7 +187,7 @@ class _Uniforms:
 
 
 @torch.no_grad()
-def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DreamSettings, gen_length: int,
+def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DreamRun, gen_length: int,
              generator: torch.Generator | None, record: bool) -> _Decoded:
     B, L, device = prompt_ids.shape[0], gen_length, prompt_ids.device
     completion = torch.full((B, L), cfg.mask_id, dtype=torch.long, device=device)  # [B, L]
@@ -208,7 +230,7 @@ def _denoise(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: DreamSe
     return _Decoded(completion, trajectory)
 
 
-def _decide(logits: Tensor, cfg: DreamSettings, noise: _Uniforms | None, where: Tensor) -> tuple[Tensor, Tensor]:
+def _decide(logits: Tensor, cfg: DreamRun, noise: _Uniforms | None, where: Tensor) -> tuple[Tensor, Tensor]:
     """Logits [N, V] of the positions `where` [B, L] (row-major order) -> (x0 [N], p [N, V])."""
     probs = filtered_probs(logits, cfg.temperature, cfg.top_p, cfg.top_k)
     if cfg.temperature > 0:
@@ -242,8 +264,8 @@ def dream_generate(model, prompt_ids: Tensor, attention_mask: Tensor | None = No
     Returns [B, P + L] (prompt + completion), and the Trajectory when return_trajectory=True.
     """
     mask_id = model_mask_id(model, "config.json mask_token_id, 151666 for Dream") if mask_id is None else int(mask_id)
-    cfg = DreamSettings(steps=steps, alg=alg, alg_temp=alg_temp, temperature=float(temperature), top_p=top_p,
-                        top_k=top_k, eps=float(eps), vocab_limit=vocab_limit, mask_id=mask_id)
+    cfg = DreamRun(steps=steps, alg=alg, alg_temp=alg_temp, temperature=float(temperature), top_p=top_p,
+                   top_k=top_k, eps=float(eps), vocab_limit=vocab_limit, mask_id=mask_id)
     _check(model, prompt_ids, attention_mask, cfg, gen_length, generator)
     mask = None if attention_mask is None else attention_mask.bool()
     out = _denoise(model, prompt_ids, mask, cfg, gen_length, generator, return_trajectory)
@@ -255,15 +277,10 @@ def needs_generator(alg: str, temperature: float, alg_temp: float | None) -> boo
     return alg == "origin" or temperature > 0 or bool(alg_temp)
 
 
-def _check(model, prompt_ids: Tensor, attention_mask: Tensor | None, cfg: DreamSettings, gen_length: int,
+def _check(model, prompt_ids: Tensor, attention_mask: Tensor | None, cfg: DreamRun, gen_length: int,
            generator: torch.Generator | None) -> None:
-    # Imported here: checks imports this module for ALGS.
-    from ddrl.sampling.checks import check_generator_given, check_prompts, check_sampler
-
-    settings = SimpleNamespace(steps=cfg.steps, gen_length=gen_length, block_length=None, temperature=cfg.temperature,
-                               cfg_scale=0.0, remasking="low_confidence", threshold=None, cache="none", alg=cfg.alg,
-                               alg_temp=cfg.alg_temp, top_p=cfg.top_p, top_k=cfg.top_k)
-    check_sampler(settings, "", name="dream")
+    DreamSettings(steps=cfg.steps, gen_length=gen_length, temperature=cfg.temperature, alg=cfg.alg,
+                  alg_temp=cfg.alg_temp, top_p=cfg.top_p, top_k=cfg.top_k).check("", "dream", None)
     check_prompts(prompt_ids, attention_mask)
     if prompt_ids.shape[1] == 0:
         raise ValueError("Dream's logits are shifted by one: the first completion token is predicted from the last "
@@ -301,27 +318,23 @@ def tokenizer_vocab_limit(model) -> int | None:
     return n if n < vocab_size else None
 
 
-@SAMPLERS.register("dream")
-def sample_dream(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, *,
+@register_sampler("dream", DreamSettings)
+def sample_dream(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *,
                  generator: torch.Generator | None, return_trajectory: bool = False) -> SampleOutput:
     """Dream's diffusion_generate with the rollout config (completion only, [B, L]).
 
-    Reads rollout.steps, gen_length, temperature and, where the config has them, alg
-    ("entropy"), alg_temp, top_p, top_k, eps (1e-3) and vocab_limit (None = the tokenizer's length
-    when the model's vocabulary is larger, so ids the tokenizer cannot decode are never sampled).
+    Reads DreamSettings: rollout.steps, gen_length, temperature, alg, alg_temp, top_p, top_k, and, where
+    the section has them, eps and vocab_limit (None = the tokenizer's length when the model's vocabulary is
+    larger, so ids the tokenizer cannot decode are never sampled).
     No blocks, no KV cache, no guidance, no early exit: every row runs all steps.
     """
-    from ddrl.sampling.checks import check_sampler  # imported here: checks imports this module for ALGS
-
-    check_sampler(cfg, "rollout", name="dream")
-    vocab_limit = getattr(cfg, "vocab_limit", None)
-    out = dream_generate(model, prompt_ids, prompt_mask, steps=cfg.steps, gen_length=cfg.gen_length,
-                         alg=getattr(cfg, "alg", "entropy"), alg_temp=getattr(cfg, "alg_temp", None),
-                         temperature=cfg.temperature, top_p=getattr(cfg, "top_p", None),
-                         top_k=getattr(cfg, "top_k", None), eps=getattr(cfg, "eps", 1e-3), generator=generator,
-                         vocab_limit=tokenizer_vocab_limit(model) if vocab_limit is None else vocab_limit,
+    s = DreamSettings.read(cfg, "rollout", name="dream")
+    out = dream_generate(model, prompt_ids, prompt_mask, steps=s.steps, gen_length=s.gen_length, alg=s.alg,
+                         alg_temp=s.alg_temp, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, eps=s.eps,
+                         generator=generator,
+                         vocab_limit=tokenizer_vocab_limit(model) if s.vocab_limit is None else s.vocab_limit,
                          return_trajectory=return_trajectory)
     sequence, trajectory = out if isinstance(out, tuple) else (out, None)
     P = prompt_ids.shape[1]
-    return SampleOutput(completion_ids=sequence[:, P:], trajectory=trajectory, nfe=cfg.steps,
-                        forward_tokens=cfg.steps * prompt_ids.shape[0] * (P + cfg.gen_length))
+    return SampleOutput(completion_ids=sequence[:, P:], trajectory=trajectory, nfe=s.steps,
+                        forward_tokens=s.steps * prompt_ids.shape[0] * (P + s.gen_length))

@@ -34,20 +34,45 @@ stop tokens cut the completion afterwards).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from ddrl.contract import model_view
-from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput, model_mask_id
+from ddrl.sampling.cache import CACHE_MODES
 from ddrl.sampling.checks import check_generator_given, check_prompts
 from ddrl.sampling.sdar import commit_dynamic, tempered_confidence
+from ddrl.sampling.settings import (OFF, SamplerSettings, check_block_length, check_choice, check_threshold, no_cache,
+                                    one_block, register_sampler)
 from ddrl.sampling.utils import StepNoise
 
 # LLaDA2.1's generate() defaults
 THRESHOLD, EDITING_THRESHOLD, MAX_POST_STEPS, NUM_TO_TRANSFER = 0.95, 0.9, 16, 1
+
+
+@dataclass
+class Llada2EditSettings(SamplerSettings):
+    """What rollout.name=llada2_edit reads: blocks, the commit threshold, whether to cache (anything but
+    none), and, where the section has them (no YAML keys), LLaDA2.1's editing_threshold and max_post_steps.
+    steps is not used: each block runs until it is full and stable."""
+
+    why_not: ClassVar[str] = ("LLaDA2.1's token editing commits above its thresholds block by block, without "
+                              "guidance or another commit rule")
+
+    block_length: int | None = field(default=None, metadata={OFF: one_block})  # None = the model's block size
+    threshold: float | None = None  # the commit threshold; None = LLaDA2.1's 0.95
+    cache: str = field(default="auto", metadata={OFF: no_cache})
+    editing_threshold: float = EDITING_THRESHOLD
+    max_post_steps: int = MAX_POST_STEPS
+
+    def check(self, p: str, name: str, block_size: int | None) -> None:
+        super().check(p, name, block_size)
+        check_block_length(p, self.block_length)
+        check_threshold(p, self.threshold)
+        check_choice(p, "cache", self.cache, CACHE_MODES)
 
 
 @torch.no_grad()
@@ -117,7 +142,7 @@ def edit_generate(model: Any, prompt_ids: Tensor, attention_mask: Tensor | None 
     return ids.gather(1, take), nfe
 
 
-@SAMPLERS.register("llada2_edit")
+@register_sampler("llada2_edit", Llada2EditSettings)
 def sample_llada2_edit(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *,
                        generator: Any = None, return_trajectory: bool = False) -> SampleOutput:
     """LLaDA2.1's token-editing block decoding (module doc), completion only [B, L].
@@ -128,11 +153,9 @@ def sample_llada2_edit(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cf
     if return_trajectory:
         raise ValueError("the llada2_edit sampler records no trajectory (edits rewrite committed tokens); use an "
                          "estimator that needs none, or rollout.name=block")
-    threshold = getattr(cfg, "threshold", None)
+    s = Llada2EditSettings.read(cfg, "rollout", name="llada2_edit")
     completion, nfe = edit_generate(
-        model, prompt_ids, prompt_mask, gen_length=cfg.gen_length, block_length=getattr(cfg, "block_length", None),
-        threshold=THRESHOLD if threshold is None else threshold,
-        editing_threshold=getattr(cfg, "editing_threshold", EDITING_THRESHOLD),
-        max_post_steps=getattr(cfg, "max_post_steps", MAX_POST_STEPS), temperature=cfg.temperature,
-        generator=generator, cache=getattr(cfg, "cache", "auto") != "none")
+        model, prompt_ids, prompt_mask, gen_length=s.gen_length, block_length=s.block_length,
+        threshold=THRESHOLD if s.threshold is None else s.threshold, editing_threshold=s.editing_threshold,
+        max_post_steps=s.max_post_steps, temperature=s.temperature, generator=generator, cache=s.cache != "none")
     return SampleOutput(completion_ids=completion, trajectory=None, nfe=nfe)

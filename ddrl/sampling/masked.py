@@ -2,8 +2,8 @@
 parallel decoding, MaskGRPO's ancestral "emerge" sampler and block-diffusion decoding: one decoding
 loop (`_denoise`) behind one entry (`_run`) for generate() and the masked, block and emerge samplers.
 Which positions a step commits is ddrl.sampling.commit; where the logits come from (KV caches) is
-ddrl.sampling.cache; the trajectory record is ddrl.sampling.trajectory; the settings are checked
-once by ddrl.sampling.checks.check_sampler.
+ddrl.sampling.cache; the trajectory record is ddrl.sampling.trajectory; the settings each sampler
+reads are its class here (MaskedSettings, BlockSettings, EmergeSettings: ddrl.sampling.settings).
 
 **generate()** is LLaDA's reference `generate()` (Nie et al. 2025, "Large Language Diffusion Models";
 docs/diffusion.md#low-confidence-sampler), batched. The completion starts as gen_length masks and
@@ -105,29 +105,143 @@ tests/unit/test_host_syncs.py counts the reads).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from ddrl.data import as_stop_ids, is_stop, model_stop_ids
 from ddrl.contract import model_view
-from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput, model_mask_id
-from ddrl.sampling.cache import block_forward
-from ddrl.sampling.checks import check_generator_given, check_prompts, check_sampler
-from ddrl.sampling.commit import CommitRule, EmergeRule, commit_rule
-from ddrl.sampling.released import ReleasedEmergeRule
+from ddrl.sampling.cache import CACHE_MODES, block_forward
+from ddrl.sampling.checks import check_generator_given, check_prompts
+from ddrl.sampling.commit import REMASKING, CommitRule, EmergeRule, commit_rule
+from ddrl.sampling.released import RELEASED, RNG_LAYOUTS, ReleasedEmergeRule
 from ddrl.sampling.sdar import tempered_confidence
+from ddrl.sampling.settings import (OFF, REFUSED, GuidedSettings, TokenFilters, check_block_length, check_choice,
+                                    check_threshold, no_cache, one_block, register_sampler)
 from ddrl.sampling.trajectory import ProbRecorder, take_positions
 from ddrl.types import COMMIT_ORDER
 from ddrl.sampling.utils import NOISE_DTYPES, StepNoise, chosen_probability, codebook_range, gumbel_argmax
 from ddrl.types import Trajectory
 
-if TYPE_CHECKING:  # sampling imports only torch at run time (docs/architecture.md#dependency-direction)
-    from ddrl.config import SamplerConfig
+
+# --------------------------------------------------------------------------------------------
+# The settings each sampler here reads (ddrl.sampling.settings)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BlockwiseSettings(GuidedSettings):
+    """What the block-by-block samplers share: blocks, the KV cache, compiled steps, the noise's dtype."""
+
+    block_length: int | None = field(default=None, metadata={OFF: one_block})  # None = gen_length (one block)
+    cache: str = field(default="auto", metadata={OFF: no_cache})  # none | prefix | dual | auto (ddrl.sampling.cache)
+    compile: bool = False  # the decode step's model call under torch.compile (ddrl.sampling.cache)
+    noise_dtype: str = "float32"  # the Gumbel uniforms' dtype: float32 | float64 (utils.StepNoise)
+
+    def check(self, p: str, name: str, block_size: int | None) -> None:
+        super().check(p, name, block_size)
+        check_block_length(p, self.block_length)
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"{p}compile must be true or false, got {self.compile!r}")
+        if self.compile and self.cache == "prefix":  # ddrl.sampling.cache "Compiled steps"
+            raise ValueError(f"{p}compile needs call shapes that do not change block by block, but {p}cache='prefix' "
+                             f"feeds a shorter suffix every block (a recompile per block); use {p}cache=dual or auto")
+        check_choice(p, "cache", self.cache, CACHE_MODES)
+        check_choice(p, "noise_dtype", self.noise_dtype, tuple(NOISE_DTYPES))
+
+    def counts_steps(self) -> bool:
+        """Whether the commit rule divides `steps` over the blocks (else each block runs until it is full)."""
+        return True
+
+    def check_blocks(self, p: str, block: int, block_size: int | None) -> None:
+        """Divisibility and steps per block, for sampler blocks of `block` tokens."""
+        gen_length, steps, cache = self.gen_length, self.steps, self.cache
+        # A block model's blocks follow positions (ddrl.processes.block), so its completion need not be
+        # whole blocks: SDAR decodes up to a block boundary of prompt + completion.
+        if not block_size and gen_length % block:
+            raise ValueError(f"{p}gen_length={gen_length} is not divisible by {p}block_length={block}; "
+                             f"pick a block_length that divides gen_length")
+        num_blocks = -(-gen_length // block)
+        if self.counts_steps() and steps % num_blocks:
+            raise ValueError(f"{p}steps={steps} is not divisible by the number of blocks ({p}gen_length/"
+                             f"{p}block_length = {num_blocks}); use a multiple of {num_blocks}")
+        if block_size and cache in ("prefix", "dual") and block % block_size:
+            raise ValueError(f"{p}cache={cache!r} on a block-causal model needs sampler blocks made of whole model "
+                             f"blocks, but block_length={block} is not a multiple of model.block_size={block_size}; "
+                             f"use block_length={block_size} (the 'block' sampler) or {p}cache=none")
+
+
+@dataclass
+class MaskedSettings(BlockwiseSettings, TokenFilters):
+    """LLaDA's semi-AR sampler: a commit rule by confidence (top_p / top_k: SDAR's sdar_dynamic rule)."""
+
+    why_not: ClassVar[str] = "it commits by confidence, block by block, with ddrl's noise layout"
+
+    remasking: str = "low_confidence"  # low_confidence | random | sdar_dynamic (ddrl.sampling.commit)
+    threshold: float | None = None  # Fast-dLLM: commit every position above it (and the most confident)
+    factor: float | None = None  # Fast-dLLM's factor rule: the largest n with (n+1)(1-c_(n)) < factor
+
+    def check(self, p: str, name: str, block_size: int | None) -> None:
+        super().check(p, name, block_size)
+        check_choice(p, "remasking", self.remasking, REMASKING)
+        threshold, factor = self.threshold, self.factor
+        check_threshold(p, threshold)
+        if factor is not None and not factor > 0:
+            raise ValueError(f"{p}factor must be > 0 (Fast-dLLM's f, e.g. 1.0) or unset, got {factor}")
+        if self.remasking == "sdar_dynamic" and (threshold is None or factor is not None):
+            raise ValueError(f"{p}remasking='sdar_dynamic' needs {p}threshold (SDAR's confidence_threshold, e.g. 0.9) "
+                             f"and no {p}factor, got threshold={threshold}, factor={factor}")
+        if threshold is not None and factor is not None:
+            raise ValueError(f"{p}threshold={threshold} and {p}factor={factor} are two parallel-decoding rules; set "
+                             f"only one of them")
+        self.check_blocks(p, self.block_length or self.gen_length, block_size)
+
+    def counts_steps(self) -> bool:  # fixed counts and SDAR's dynamic rule; threshold / factor run a block until full
+        return self.remasking == "sdar_dynamic" or (self.threshold is None and self.factor is None)
+
+
+@dataclass
+class BlockSettings(MaskedSettings):
+    """Block diffusion: the masked sampler on the model's own blocks (block_length = model.block_size)."""
+
+    why_not: ClassVar[str] = "it decodes the model's blocks by confidence, with ddrl's noise layout"
+
+    def check_blocks(self, p: str, block: int, block_size: int | None) -> None:
+        if block_size is None:
+            return  # the model's block size decides; checked when the sampler runs
+        if self.block_length is not None and self.block_length != block_size:
+            raise ValueError(f"{p}block_length={self.block_length} differs from the model's block size {block_size} "
+                             f"(the block sampler decodes the model's blocks); set {p}block_length={block_size} "
+                             f"or leave it unset")
+        super().check_blocks(p, block_size, block_size)
+
+
+@dataclass
+class EmergeSettings(BlockwiseSettings):
+    """MaskGRPO's emerge sampler: tokens appear at random by the schedule; its own random-number layouts."""
+
+    why_not: ClassVar[str] = "the emerge sampler unmasks at random by its schedule"
+
+    # ddrl | released (MaskGRPO's t2i draws: ddrl.sampling.released)
+    rng: str = field(default="ddrl", metadata={REFUSED: (
+        "{p}rng={value!r} is implemented by the emerge sampler only (MaskGRPO's text-to-image rollouts); the {name} "
+        "sampler draws with ddrl's layout. Set {p}rng=ddrl or {p}name=emerge")})
+
+    def check(self, p: str, name: str, block_size: int | None) -> None:
+        super().check(p, name, block_size)
+        check_choice(p, "rng", self.rng, RNG_LAYOUTS, "a valid random-number layout")
+        if self.rng == RELEASED:  # MaskGRPO's t2i draws: one block, torch.multinomial in the probabilities' dtype
+            if self.block_length is not None and self.block_length != self.gen_length:
+                raise ValueError(f"{p}rng='released' decodes the completion as one block, as MaskGRPO's "
+                                 f"t2i_generate_emerge; {p}block_length={self.block_length} splits it: unset "
+                                 f"{p}block_length")
+            if self.noise_dtype != "float32":
+                raise ValueError(f"{p}noise_dtype applies to ddrl's layout; rng='released' draws with "
+                                 f"torch.multinomial in the probabilities' dtype, as the authors do: unset {p}noise_dtype")
+        self.check_blocks(p, self.block_length or self.gen_length, block_size)
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,7 +400,7 @@ def _step(logits: Tensor, window: Tensor, masked: Tensor, rule: CommitRule, step
         elif s.remasking == "low_confidence":
             confidence = chosen_probability(logits, x0)  # [B, W] float64
         else:
-            assert noise is not None  # check_sampler: random remasking needs a generator
+            assert noise is not None  # _run: random remasking needs a generator
             confidence = noise(masked.shape[1])
         confidence = confidence.masked_fill(~masked, float("-inf"))  # committed positions never move
     committed = rule.choose(step, confidence, masked, noise) & masked  # type: ignore[arg-type]  # None only for a rule without uses_confidence
@@ -315,16 +429,16 @@ def _check_model_inputs(model, prompt_ids: Tensor, gen_length: int, mask_id: int
         raise ValueError("a model with shifted logits (Dream) needs at least one prompt token; pass a non-empty prompt")
 
 
-def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *, sampler: str, key: str,
-         generator: Any, record: bool, early_exit: bool, mask_id: int | None = None) -> _Decoded:
-    """generate() and the masked / block / emerge samplers: check the settings (check_sampler) and the
-    inputs, pick the commit rule, decode. cfg: a SamplerConfig or generate()'s keywords as one."""
+def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, section: Any, kind: type[BlockwiseSettings], *,
+         sampler: str, key: str, generator: Any, record: bool, mask_id: int | None = None) -> _Decoded:
+    """generate() and the masked / block / emerge samplers: read the settings (the sampler's class checks
+    them) and check the inputs, pick the commit rule, decode. section: a rollout section or MaskedSettings."""
     block_size = model_view(model).block_size
     if sampler == "block" and block_size is None:
         raise ValueError("the 'block' sampler needs a block-causal model, but model.block_size is None; "
                          "build the model with model.block_size set, or use rollout.name=masked for "
                          "full-attention models")
-    check_sampler(cfg, key, name=sampler, block_size=None if block_size is None else int(block_size))
+    cfg = kind.read(section, key, name=sampler, block_size=None if block_size is None else int(block_size))
     check_prompts(prompt_ids, prompt_mask)
     mask_id = model_mask_id(model) if mask_id is None else mask_id
     _check_model_inputs(model, prompt_ids, cfg.gen_length, mask_id)
@@ -339,20 +453,21 @@ def _run(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *, sam
                               f"the emerge sampler draws which tokens appear (steps per block > 1) or "
                               f"{p}temperature > 0")
     else:
+        assert isinstance(cfg, MaskedSettings)  # the masked and block samplers
         check_generator_given(generator, cfg.temperature > 0 or cfg.remasking == "random",
                               f"{p}temperature > 0 or {p}remasking='random'")
     classes = codebook_range(model) if sampler == "emerge" else None  # an image model's codes only (module doc)
     settings = _Settings(float(cfg.temperature), float(cfg.cfg_scale),
-                         "low_confidence" if sampler == "emerge" else cfg.remasking, mask_id, generator,
+                         getattr(cfg, "remasking", "low_confidence"), mask_id, generator,
                          getattr(cfg, "top_k", None) or 0, getattr(cfg, "top_p", None) or 1.0,
-                         NOISE_DTYPES[getattr(cfg, "noise_dtype", None) or "float32"], classes,
+                         NOISE_DTYPES[cfg.noise_dtype], classes,
                          None if classes is None else int(model_view(model).stated("vocab_size")))
     mask = None if prompt_mask is None else prompt_mask.bool()
     if mask is not None and bool(mask.all()):  # one read per call: then no step passes an all-ones mask,
         mask = None  # and the model runs its unmasked attention (SDPA's fastest kernel), as the reference
     return _denoise(model, prompt_ids, mask, rule, settings, gen_length=cfg.gen_length, block_length=block_length,
-                    eos_id=model_stop_ids(model) if early_exit else None, record=record, cache=cfg.cache,
-                    compile=bool(getattr(cfg, "compile", False)))
+                    eos_id=model_stop_ids(model) if cfg.early_exit else None, record=record, cache=cfg.cache,
+                    compile=cfg.compile)
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,47 +501,48 @@ def generate(model, prompt_ids: Tensor, attention_mask: Tensor | None = None, *,
     return_trajectory=True. Never early-exits. With the defaults (threshold, factor None, cache
     "none") these are the reference's tokens.
     """
-    cfg = SimpleNamespace(name="masked", steps=steps, gen_length=gen_length, block_length=block_length,
-                          temperature=temperature, cfg_scale=cfg_scale, remasking=remasking, threshold=threshold,
-                          factor=factor, cache=cache, top_k=top_k, top_p=top_p, noise_dtype=noise_dtype)
-    out = _run(model, prompt_ids, attention_mask, cfg, sampler="masked", key="", generator=generator,
-               record=return_trajectory, early_exit=False, mask_id=mask_id)
+    cfg = MaskedSettings(steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
+                         cfg_scale=cfg_scale, remasking=remasking, threshold=threshold, factor=factor, cache=cache,
+                         top_k=top_k, top_p=top_p, noise_dtype=noise_dtype, early_exit=False)
+    out = _run(model, prompt_ids, attention_mask, cfg, MaskedSettings, sampler="masked", key="", generator=generator,
+               record=return_trajectory, mask_id=mask_id)
     sequence = torch.cat([prompt_ids, out.completion.to(prompt_ids.dtype)], dim=1)  # [B, P + L]
     return (sequence, out.trajectory) if return_trajectory else sequence
 
 
-def _sample(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, sampler: str,
-            generator: Any, return_trajectory: bool) -> SampleOutput:
-    out = _run(model, prompt_ids, prompt_mask, cfg, sampler=sampler, key="rollout", generator=generator,
-               record=return_trajectory, early_exit=cfg.early_exit)
+def _sample(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, kind: type[BlockwiseSettings],
+            sampler: str, generator: Any, return_trajectory: bool) -> SampleOutput:
+    out = _run(model, prompt_ids, prompt_mask, cfg, kind, sampler=sampler, key="rollout", generator=generator,
+               record=return_trajectory)
     return SampleOutput(completion_ids=out.completion, trajectory=out.trajectory, nfe=out.nfe,
                         forward_tokens=out.forward_tokens)
 
 
-@SAMPLERS.register("masked")
-def sample_masked(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, *,
+@register_sampler("masked", MaskedSettings)
+def sample_masked(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *,
                   generator: torch.Generator | None, return_trajectory: bool = False) -> SampleOutput:
     """LLaDA semi-AR sampling (threshold / factor decoding when set), completion only [B, L].
 
     block_length None = gen_length (one block); mask id = model.mask_token_id; early exit on
     model.stop_token_ids when cfg.early_exit. generator: a torch.Generator or RowGenerators.
     """
-    return _sample(model, prompt_ids, prompt_mask, cfg, "masked", generator, return_trajectory)
+    return _sample(model, prompt_ids, prompt_mask, cfg, MaskedSettings, "masked", generator, return_trajectory)
 
 
-@SAMPLERS.register("block")
-def sample_block(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, *,
+@register_sampler("block", BlockSettings)
+def sample_block(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *,
                  generator: torch.Generator | None, return_trajectory: bool = False) -> SampleOutput:
     """Block diffusion (SDAR style): the masked sampler with block_length = model.block_size."""
-    return _sample(model, prompt_ids, prompt_mask, cfg, "block", generator, return_trajectory)
+    return _sample(model, prompt_ids, prompt_mask, cfg, BlockSettings, "block", generator, return_trajectory)
 
 
-@SAMPLERS.register("emerge")
-def sample_emerge(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, *,
+@register_sampler("emerge", EmergeSettings)
+def sample_emerge(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *,
                   generator: torch.Generator | None, return_trajectory: bool = False) -> SampleOutput:
     """MaskGRPO's ancestral "emerge" sampler (module doc), completion only [B, L].
 
     cfg.steps model calls, split evenly over blocks of cfg.block_length (None = one block, as in
-    MaskGRPO); cfg.cfg_scale w gives (1 + w) cond - w uncond; cfg.remasking is not used.
+    MaskGRPO); cfg.cfg_scale w gives (1 + w) cond - w uncond. Reads EmergeSettings: no remasking, threshold
+    or factor (it commits at random by its schedule).
     """
-    return _sample(model, prompt_ids, prompt_mask, cfg, "emerge", generator, return_trajectory)
+    return _sample(model, prompt_ids, prompt_mask, cfg, EmergeSettings, "emerge", generator, return_trajectory)

@@ -24,19 +24,25 @@ draws were always over the N codes, so a seed gives the same tokens.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from ddrl.contract import model_view
-from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput, model_mask_id
 from ddrl.sampling.checks import check_generator_given, check_prompts
+from ddrl.sampling.settings import GuidedSettings, register_sampler
 from ddrl.sampling.utils import StepNoise, codebook_range, completion_logits, gumbel_argmax
 
-if TYPE_CHECKING:
-    from ddrl.config import SamplerConfig
+
+@dataclass
+class MaskgitSettings(GuidedSettings):
+    """What rollout.name=maskgit reads: the sizes, the temperature and the guidance weight."""
+
+    why_not: ClassVar[str] = ("MMaDA's MaskGIT decodes the whole image each step by its cosine schedule, without blocks "
+                              "or cache")
 
 
 def _log(t: Tensor) -> Tensor:
@@ -51,9 +57,9 @@ def maskgit_remask(selected_probs: Tensor, mask_len: Tensor, temperature: float,
     return confidence < cut_off
 
 
-@SAMPLERS.register("maskgit")
+@register_sampler("maskgit", MaskgitSettings)
 @torch.no_grad()
-def sample_maskgit(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, *,
+def sample_maskgit(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *,
                    generator: Any, return_trajectory: bool = False) -> SampleOutput:
     """MMaDA's MaskGIT sampler (module doc): cfg.steps model calls over cfg.gen_length slots, completion [B, L]."""
     if return_trajectory:
@@ -64,6 +70,7 @@ def sample_maskgit(model, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: S
     steps, L = int(cfg.steps), int(cfg.gen_length)
     if steps < 1 or L < 1:
         raise ValueError(f"rollout.steps={steps} and rollout.gen_length={L} must be >= 1")
+    cfg = MaskgitSettings.read(cfg, "rollout", name="maskgit")
     mask_id = model_mask_id(model)
     B, device = prompt_ids.shape[0], prompt_ids.device
     codes = codebook_range(model)  # an image model is asked for its codebook's logits only

@@ -34,7 +34,8 @@ the plain formulas bit for bit (tests/unit/test_ursa_seeded.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -43,15 +44,20 @@ from ddrl.logits import kept_logits
 from ddrl.contract import model_view
 from ddrl.processes.draws import randint_draw, sample_categorical, uniform_draw
 from ddrl.processes.metric_path import MetricPathProcess
-from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput
-from ddrl.sampling.checks import check_prompts, check_sampler
+from ddrl.sampling.checks import check_prompts
+from ddrl.sampling.settings import GuidedSettings, register_sampler
 from ddrl.types import Trajectory
 
-if TYPE_CHECKING:  # the sampling layer imports only torch at run time
-    from ddrl.config import SamplerConfig
-
 GUIDANCE_TRUNC = 0.9  # URSAPipeline's guidance_trunc: no guidance from flow time 0.9 on
+
+
+@dataclass
+class MetricPathSettings(GuidedSettings):
+    """What rollout.name=metric_path reads: the sizes (gen_length image tokens), the temperature and URSA's
+    guidance weight."""
+
+    why_not: ClassVar[str] = "URSA's CTMC updates every image token at every step, without blocks or cache"
 
 
 def x1_distribution(logits: Tensor, temperature: float = 1.0, *, in_place: bool = False) -> Tensor:
@@ -144,21 +150,22 @@ def guided_logits(model: Any, process: MetricPathProcess, prompt_ids: Tensor, un
     return (cond - uncond).mul_(guidance_scale).add_(uncond)  # = u + g (c - u) bit for bit, one temporary
 
 
-def _check_inputs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any) -> MetricPathProcess:
+def _check_inputs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None,
+                  section: Any) -> tuple[MetricPathProcess, MetricPathSettings]:
     process = model_view(model).process
     if not isinstance(process, MetricPathProcess):
         raise ValueError(f"the metric_path sampler needs model.process to be a MetricPathProcess (URSA, or a "
                          f"model whose process_spec names 'metric_path'), got {process!r}")
-    check_sampler(cfg, "rollout", name="metric_path")
+    cfg = MetricPathSettings.read(section, "rollout", name="metric_path")
     if cfg.gen_length <= 0:
         raise ValueError(f"rollout.gen_length must be the number of image tokens, got {cfg.gen_length}")
     check_prompts(prompt_ids, prompt_mask)
-    return process
+    return process, cfg
 
 
-@SAMPLERS.register("metric_path")
+@register_sampler("metric_path", MetricPathSettings)
 @torch.no_grad()
-def sample_metric_path(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, *,
+def sample_metric_path(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *,
                        generator: torch.Generator, return_trajectory: bool = False,
                        guidance_trunc: float = GUIDANCE_TRUNC) -> SampleOutput:
     """Generate cfg.gen_length class tokens per prompt with cfg.steps CTMC steps (module docstring).
@@ -168,7 +175,7 @@ def sample_metric_path(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | Non
     [B, S, L] entering each step, step_times [S] (ddrl t = 1 - s), token_probs [B, S, L] (softmax(z) of
     the final token at each step) and commit_step [B, L] (the last step that changed each position).
     """
-    process = _check_inputs(model, prompt_ids, prompt_mask, cfg)
+    process, cfg = _check_inputs(model, prompt_ids, prompt_mask, cfg)
     device = prompt_ids.device
     B, L, S, N = prompt_ids.shape[0], cfg.gen_length, cfg.steps, process.num_classes
     prompt_mask = torch.ones_like(prompt_ids, dtype=torch.bool) if prompt_mask is None else prompt_mask.bool()

@@ -20,7 +20,8 @@ sampler is not this one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -29,13 +30,18 @@ from ddrl.logits import kept_logits
 from ddrl.contract import model_view
 from ddrl.processes.draws import randint_draw, sample_categorical
 from ddrl.processes.uniform import UniformProcess
-from ddrl.registry import SAMPLERS
 from ddrl.sampling.base import SampleOutput
-from ddrl.sampling.checks import check_prompts, check_sampler
+from ddrl.sampling.checks import check_prompts
+from ddrl.sampling.settings import GuidedSettings, register_sampler
 from ddrl.types import Trajectory
 
-if TYPE_CHECKING:  # the sampling layer imports only torch at run time
-    from ddrl.config import SamplerConfig
+
+@dataclass
+class UniformSettings(GuidedSettings):
+    """What rollout.name=uniform reads: the sizes, the temperature and the guidance weight."""
+
+    why_not: ClassVar[str] = ("uniform diffusion updates every token at every step, without blocks, cache or a commit "
+                              "rule")
 
 
 def _class_logits(model: Any, process: UniformProcess, prompt_ids: Tensor, uncond_prompt: Tensor | None,
@@ -61,7 +67,8 @@ def _x0_distribution(logits: Tensor, temperature: float) -> Tensor:
     return torch.softmax(logits / temperature, dim=-1)
 
 
-def _check_inputs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig) -> UniformProcess:
+def _check_inputs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None,
+                  section: Any) -> tuple[UniformProcess, UniformSettings]:
     process = model_view(model).process
     if not isinstance(process, UniformProcess):
         raise ValueError(f"the uniform sampler needs model.process to be a UniformProcess, got {process!r}; "
@@ -69,17 +76,17 @@ def _check_inputs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, cf
     if process.offset + process.num_classes > model.vocab_size:
         raise ValueError(f"model.process covers ids {process.offset}..{process.offset + process.num_classes - 1} "
                          f"but model.vocab_size is {model.vocab_size}; fix the process's num_classes/offset")
-    check_sampler(cfg, "rollout", name="uniform")
+    cfg = UniformSettings.read(section, "rollout", name="uniform")
     if cfg.cfg_scale > 0 and not 0 <= model.mask_token_id < model.vocab_size:
         raise ValueError(f"cfg_scale > 0 replaces the prompt by model.mask_token_id={model.mask_token_id}, "
                          f"which is outside the vocabulary of {model.vocab_size}; set cfg_scale=0")
     check_prompts(prompt_ids, prompt_mask)
-    return process
+    return process, cfg
 
 
-@SAMPLERS.register("uniform")
+@register_sampler("uniform", UniformSettings)
 @torch.no_grad()
-def sample_uniform(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: SamplerConfig, *,
+def sample_uniform(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, cfg: Any, *,
                    generator: torch.Generator, return_trajectory: bool = False) -> SampleOutput:
     """Generate cfg.gen_length tokens per prompt with cfg.steps ancestral steps (module docstring).
 
@@ -89,7 +96,7 @@ def sample_uniform(model: Any, prompt_ids: Tensor, prompt_mask: Tensor | None, c
     token_probs [B, S, L] (x_theta of the final token at each step) and commit_step [B, L].
     Recording token_probs keeps x_theta of every step, S*B*L*N floats.
     """
-    process = _check_inputs(model, prompt_ids, prompt_mask, cfg)
+    process, cfg = _check_inputs(model, prompt_ids, prompt_mask, cfg)
     device = prompt_ids.device
     B, L, S, N = prompt_ids.shape[0], cfg.gen_length, cfg.steps, process.num_classes
     prompt_mask = torch.ones_like(prompt_ids, dtype=torch.bool) if prompt_mask is None else prompt_mask.bool()

@@ -21,10 +21,9 @@ MODULE_NAME = re.compile(r"ddrl(\.\w+)+")  # a string that spells a ddrl module 
 # registry to register itself; the registry's loading of them is not a dependency of its own.
 PLUGIN_LOADER = "registry"
 
-# Known exception (issue 35, item 2): the sampler modules type their settings as config.SamplerConfig
-# (under TYPE_CHECKING), while config validates sampler settings with sampling.checks. The edge goes
-# away when each sampler declares its own settings dataclass (the sampler-settings redesign).
-KNOWN_EDGES = {("sampling", "config")}
+# Edges a circle may keep for now, each with the issue that removes it. None: config checks a rollout
+# section through the registry (SAMPLERS.get(name).settings), never by importing ddrl.sampling.
+KNOWN_EDGES: set[tuple[str, str]] = set()
 
 
 def _layer(module: str) -> str | None:
