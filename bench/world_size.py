@@ -12,9 +12,10 @@ only pad it), one group per micro-batch (train.micro_batch_size = G: every estim
 per micro-batch from the step's seed, StableDRL's fresh ones from the micro-batch's global group, so
 equal micro-batches make every draw independent of the split), train.max_grad_norm small enough to
 clip. Compared with one process: the weights after the step, the optimizer-step count, the
-pre-clip gradient norm, the logged loss, kl, ratio_mean, clip_frac and train_rows, and the rollout's
-reward mean and std, invalid fraction, completion length, |advantage|, tokens fed and kept fractions. Prints a
-table and writes bench/results/world_size.json. tests/integration/test_world_size.py runs the same
+pre-clip gradient norm, the logged loss/total, loss/kl, ratio/mean, clip_ratio/region_mean and
+update/rows, and the rollout's reward mean and std, invalid fraction, completion length, |advantage|,
+tokens fed and kept fractions. Prints a table and writes bench/results/world_size.json.
+tests/integration/test_world_size.py runs the same
 comparison at 2 processes on a tiny model in `make test`.
 """
 
@@ -50,9 +51,9 @@ METHOD_ARGS = {"tracerl": ["train.micro_batch_rows=8"], "unigrpo": ["train.micro
 STRATEGIES = {"ddp": ["dist.strategy=ddp"], "fsdp": ["dist.strategy=fsdp"],
               # FSDP2's CPUOffloadPolicy: the clip's norm over gradients in host memory
               "fsdp_offload": ["dist.strategy=fsdp", "dist.cpu_offload=true"]}
-METRICS = ("loss", "kl", "ratio_mean", "clip_frac", "train_rows", "grad_norm",
+METRICS = ("loss/total", "loss/kl", "ratio/mean", "clip_ratio/region_mean", "update/rows", "grad_norm",
            # the rollout's statistics of rows (RowSums): a mean of rank means and a mean of rank stds before
-           "reward/mean", "reward/std", "reward/invalid_frac", "completion/length", "advantage/abs_mean",
+           "reward/mean", "reward/std", "reward/invalid_frac", "completions/mean_length", "advantage/abs_mean",
            "rollout/forward_tokens", "update/rows_frac", "update/groups_kept_frac")
 MAX_GRAD_NORM = 1e-3  # below every method's gradient norm here: every optimizer step clips
 WEIGHT_TOL, METRIC_REL = 1e-5, 1e-4

@@ -22,6 +22,42 @@ def _plain(v: Any) -> Any:
     return v
 
 
+# Metric names are grouped by prefix, as TRL and cleanrl group theirs (loss/, clip_ratio/, reward/,
+# completions/): docs/metrics.md. Objectives and loss terms name their statistics locally (stats["kl"]);
+# this table is where a local name becomes the logged one, and one it does not list is objective/<name>.
+STAT_NAMES: dict[str, str] = {
+    "kl": "loss/kl",
+    "elbo_reg": "loss/elbo_reg",
+    "moe_aux_loss": "loss/moe_aux",
+    "clip_frac": "clip_ratio/region_mean",  # TRL's name for the share of clipped ratios
+    "ratio_mean": "ratio/mean",
+    "ratio_max": "ratio/max",
+    "log_ratio_mean": "ratio/log_mean",
+    "train_rows": "update/rows",
+}
+# Names logged before the prefixes (ddrl 0.1), old -> new: metrics.jsonl keeps writing the old ones too
+# for one release, so scripts and dashboards that read them keep working; TensorBoard and wandb get
+# only the new names. Remove the aliases in ddrl 0.3.
+RENAMED: dict[str, str] = {
+    "loss": "loss/total",
+    "completion/length": "completions/mean_length",
+    "nonfinite_steps": "update/nonfinite_steps",
+    **STAT_NAMES,
+}
+
+
+def stat_name(local: str) -> str:
+    """The logged name of an objective's or loss term's statistic."""
+    return STAT_NAMES.get(local, f"objective/{local}")
+
+
+def _old_names(row: dict[str, Any]) -> dict[str, Any]:
+    """The 0.1 aliases of a row's renamed metrics (RENAMED; objective/<name> was <name>)."""
+    aliases = {old: row[new] for old, new in RENAMED.items() if new in row}
+    aliases.update({k.removeprefix("objective/"): v for k, v in row.items() if k.startswith("objective/")})
+    return aliases
+
+
 def keep_rows_through(path: Path, step: int) -> None:
     """Drop the rows of a step-keyed JSONL log (metrics.jsonl, samples.jsonl) after `step`: a resumed
     run logs those steps again. step 0: a fresh start, the file goes."""
@@ -80,7 +116,7 @@ class MetricsLogger:
         if not self.enabled:
             return row
         with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps({**row, **_old_names(row)}) + "\n")
         if self._tb is not None:
             for k, v in row.items():
                 if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -100,7 +136,9 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    # a 0.1 run's rows name their metrics the old way: readers ask for the new names
+    return [{**{new: row[old] for old, new in RENAMED.items() if old in row and new not in row}, **row} for row in rows]
 
 
 def eval_settings(split: str, temperature: float) -> str:
@@ -256,6 +294,6 @@ class RunLog:
 
 def step_line(step: int, steps: int, row: dict[str, Any]) -> str:
     """One plain line of a logged step for train.log: the progress bar's numbers and a few more."""
-    keys = ("reward/mean", "reward/invalid_frac", "loss", "grad_norm", "eval/accuracy", "time/step")
+    keys = ("reward/mean", "reward/invalid_frac", "loss/total", "grad_norm", "eval/accuracy", "time/step")
     parts = [f"{k} {row[k]:.4g}" for k in keys if isinstance(row.get(k), (int, float))]
     return f"step {step}/{steps}: " + ", ".join(parts)

@@ -57,7 +57,7 @@ from ddrl.training.distributed import (DistInfo, ModelHandle, RowSums, StepSums,
                                        resolve_strategy, shard_model, wrap_model, zero_loss)
 from ddrl.training.evaluation import TrainingEvaluation
 from ddrl.rewards.composite import score_parts
-from ddrl.training.logging import MetricsLogger, RunLog, eval_settings, plot_reward_curve, step_line
+from ddrl.training.logging import MetricsLogger, RunLog, eval_settings, plot_reward_curve, stat_name, step_line
 from ddrl.training.memory import check_memory
 from ddrl.training.method import Method, build_method
 from ddrl.training.preemption import PreemptionGuard
@@ -234,8 +234,13 @@ class Trainer:
             from ddrl.models.lora import apply_lora
 
             model = apply_lora(model, lora, seed=self.cfg.seed)
-        # A user's loader (provided.load_model) may return a module without it; every DiffusionLM has it.
-        if self.cfg.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+        if self.cfg.model.gradient_checkpointing:
+            # every DiffusionLM has it; a user's loader (provided.load_model) may return a module without it,
+            # and a memory setting that silently does nothing is found out at the first OOM
+            if not callable(getattr(model, "gradient_checkpointing_enable", None)):
+                raise ValueError(f"model.gradient_checkpointing=true, but {type(model).__name__} has no "
+                                 f"gradient_checkpointing_enable(); set model.gradient_checkpointing=false or "
+                                 f"give the model that method")
             model.gradient_checkpointing_enable()
         if self.cfg.train.disable_dropout:
             disable_dropout(model)
@@ -558,11 +563,11 @@ class Trainer:
                 loss_sum = loss_sum + total
                 grad_norm_sum = grad_norm_sum + grad_norm.detach().float()
         # loss and grad_norm are the same on every rank (global values); a skipped step counts as 0
-        sums: dict[str, Any] = {"loss": loss_sum / n_updates, "grad_norm": grad_norm_sum / n_updates}
+        sums: dict[str, Any] = {"loss/total": loss_sum / n_updates, "grad_norm": grad_norm_sum / n_updates}
         for name, row in stat_sums.items():  # row counts (COUNTED_STATS) are sums, the rest means
-            sums[name] = StepSums(row, None if name in COUNTED_STATS else real)
+            sums[stat_name(name)] = StepSums(row, None if name in COUNTED_STATS else real)
         if skipped:
-            sums["nonfinite_steps"] = float(skipped)
+            sums["update/nonfinite_steps"] = float(skipped)
         sums["lr"] = self.sched.get_last_lr()[0]
         sums["optimizer_steps"] = float(self.optimizer_steps)  # cumulative: the peers' unit of run length
         return sums
@@ -617,7 +622,7 @@ class Trainer:
             "reward/mean": RowSums(valid_r.sum(), valid.sum()),  # NaN when no reward is valid
             "reward/std": RowSums(valid_r.sum(), valid.sum(), squares=(valid_r * valid_r).sum()),
             "reward/invalid_frac": RowSums((~valid).sum(), rows),
-            "completion/length": RowSums(batch.completion_mask.sum(), rows),
+            "completions/mean_length": RowSums(batch.completion_mask.sum(), rows),
             "rollout/model_calls": float(batch.nfe),
             "rollout/forward_tokens": RowSums(float(batch.forward_tokens)),  # summed over ranks
             "rollout/truncated_prompts": float(batch.truncated_prompts),  # of the whole step's prompts

@@ -355,7 +355,7 @@ def test_recipe_starts_on_tiny_files_and_checkpoint(path, tmp_path, image_reward
         trainer.task.reward = one_right_one_wrong
     metrics = trainer.train_step(1)
     assert metrics.get("update/skipped") != 1.0, metrics
-    assert "loss" in metrics and math.isfinite(metrics["loss"]), metrics
+    assert "loss/total" in metrics and math.isfinite(metrics["loss/total"]), metrics
     assert metrics["optimizer_steps"] == small.train.num_iterations * small.train.minibatches
 
 

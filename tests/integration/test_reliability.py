@@ -111,3 +111,21 @@ def test_missing_model_dir_is_a_clear_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "ddrl", "train", str(CFG), f"model.path={tmp_path}/none",
                            f"output_dir={tmp_path}/run"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_gradient_checkpointing_on_a_model_without_it_is_an_error(tiny_sudoku_model, tmp_path):
+    """A memory setting the model cannot honour is refused at load, not ignored until the first OOM."""
+    from ddrl.config import RLConfig, load_config
+    from ddrl.models import load_model
+    from ddrl.training.trainer import Provided
+
+    def without_checkpointing(path, **kwargs):
+        model = load_model(path, **kwargs)
+        model.gradient_checkpointing_enable = None  # as a user's module that lacks the method
+        return model
+
+    cfg = load_config(CFG, rl_overrides(tiny_sudoku_model, tmp_path / "run") + ["model.gradient_checkpointing=true"],
+                      RLConfig)
+    with pytest.raises(ValueError, match="model.gradient_checkpointing=true"):
+        Trainer(cfg, Provided(load_model=without_checkpointing))
+    assert not (tmp_path / "run").exists()

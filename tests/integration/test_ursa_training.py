@@ -145,4 +145,4 @@ def test_lora_reference_is_the_adapter_disabled(prompt_file, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
-    assert first["kl"] == 0.0 and second["kl"] > 0 and math.isfinite(second["loss"])
+    assert first["loss/kl"] == 0.0 and second["loss/kl"] > 0 and math.isfinite(second["loss/total"])

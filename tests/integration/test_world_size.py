@@ -29,7 +29,7 @@ from tests.integration.test_distributed import max_diff, weights
 TASK = "tests.integration.test_distributed:dense_mini_sudoku"
 CASES = [("stable_drl", "ddp"), ("stable_drl", "fsdp"), ("stable_drl", "fsdp_offload"),  # fresh masks
          ("grpo", "ddp"), ("grpo", "fsdp"),  # a KL to the reference, ratios and clipping
-         ("tracerl", "fsdp"),  # trace-state rows cut into micro-batches: train_rows
+         ("tracerl", "fsdp"),  # trace-state rows cut into micro-batches: update/rows
          ("espo_per_group", "ddp")]  # masks keyed by the step-global group (coupled_elbo's mask_per_group)
 
 
@@ -57,10 +57,10 @@ def test_two_processes_train_and_log_like_one(method, strategy, bench, one_proce
     result = bench.compare(one, tmp_path, tiny_sudoku_model)
     assert result["weights_moved"] > 1e-4, "the 1-process run did not move: test is void"
     assert result["clipped"], "no step clipped: the clip path is untested"
-    expected = {"stable_drl": {"loss", "ratio_mean", "clip_frac"}, "grpo": {"loss", "kl", "ratio_mean", "clip_frac"},
-                "tracerl": {"loss", "ratio_mean", "clip_frac", "train_rows"},
-                "espo_per_group": {"loss", "ratio_mean", "clip_frac"}}[method]
-    rollout = {"reward/mean", "reward/std", "completion/length", "advantage/abs_mean", "rollout/forward_tokens"}
+    ppo = {"loss/total", "ratio/mean", "clip_ratio/region_mean"}
+    expected = {"stable_drl": ppo, "grpo": ppo | {"loss/kl"}, "tracerl": ppo | {"update/rows"},
+                "espo_per_group": ppo}[method]
+    rollout = {"reward/mean", "reward/std", "completions/mean_length", "advantage/abs_mean", "rollout/forward_tokens"}
     assert expected | rollout <= set(result["metrics"]), result["metrics"]
     assert result["ok"], result
 
@@ -74,7 +74,7 @@ def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(bench, tiny_
     done = torchrun_nonfinite(args)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
-    assert row["nonfinite_steps"] == 2 and row["optimizer_steps"] == 0, row
+    assert row["update/nonfinite_steps"] == 2 and row["optimizer_steps"] == 0, row
     assert max_diff(weights(tmp_path / "checkpoint-1"), weights(tiny_sudoku_model)) == 0
 
 

@@ -97,13 +97,13 @@ def test_off_by_default_and_a_coefficient_adds_it_to_the_loss(tmp_path):
     plain = Trainer(default)
     assert not isinstance(plain.balance, RouterBalance)
     m0 = plain.train_step(1)
-    assert "moe_aux_loss" not in m0
+    assert "loss/moe_aux" not in m0
     coef = 0.5
     with_aux = Trainer(_config(tmp_path, coef))
     m1 = with_aux.train_step(1)  # same seed: the same rollout, the same masks
-    assert m1["moe_aux_loss"] > 0
+    assert m1["loss/moe_aux"] > 0
     # one micro-batch, one rank, mu = 1: the step's loss is the objective's + coef x the balance loss
-    assert m1["loss"] == pytest.approx(m0["loss"] + coef * m1["moe_aux_loss"], abs=1e-5)
-    assert m1["loss"] != pytest.approx(m0["loss"], abs=1e-5)
+    assert m1["loss/total"] == pytest.approx(m0["loss/total"] + coef * m1["loss/moe_aux"], abs=1e-5)
+    assert m1["loss/total"] != pytest.approx(m0["loss/total"], abs=1e-5)
     with pytest.raises(ValueError, match="moe_aux_loss_coef"):
         Trainer(_config(tmp_path, -1.0))
