@@ -140,9 +140,9 @@ class RolloutBatch:
             rewards=self.rewards[rows],
             advantages=self.advantages[rows],
             mask_seeds=self.mask_seeds,
-            completions=cut("completions", self.completions) if self.completions else [],  # [] = not decoded
+            completions=self._rows("completions", self.completions, rows) if self.completions else [],  # [] = none
             trajectory=None if self.trajectory is None else self.trajectory.index(rows),
-            examples=cut("examples", self.examples) if self.examples else [],
+            examples=self._rows("examples", self.examples, rows) if self.examples else [],
             reward_inputs={k: self._rows(f"reward_inputs[{k!r}]", v, rows) for k, v in self.reward_inputs.items()},
             reward_failed=cut("reward_failed", self.reward_failed),
             reward_invalid=cut("reward_invalid", self.reward_invalid),
