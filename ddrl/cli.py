@@ -390,13 +390,11 @@ def _eval_protocol(args: argparse.Namespace, task: Any) -> int:
 def _cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from ddrl.data import (check_modality, decode_completions, encode_prompts, model_modalities, model_stop_ids,
-                           prompt_budget)
+    from ddrl.data import check_modality, model_modalities
     from ddrl.eval.runner import default_sampler
     from ddrl.contract import model_view
-    from ddrl.registry import SAMPLERS
-    from ddrl.sampling.base import sample_in_chunks
     from ddrl.sampling.checks import FLAGS, check_sampler
+    from ddrl.sampling.engine import RolloutEngine
 
     model = _load(args)
     model.eval()
@@ -415,21 +413,19 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     check_modality(model, _Len())  # what the model cannot generate is refused before sampling
     cfg = default_sampler(model, _Len(), key=FLAGS, **{k: getattr(args, k) for k in _SAMPLER_KEYS})
     check_sampler(cfg, FLAGS, block_size=model_view(model).block_size)  # named as flags
-    max_prompt = prompt_budget(model, cfg, "--max-prompt-length", "--gen-length")
-    ids, mask = encode_prompts(model.tokenizer, [args.prompt] * args.n, max_length=max_prompt,
-                               max_prompt_length=cfg.max_prompt_length, device=next(model.parameters()).device)
-    g = torch.Generator().manual_seed(args.seed)
-    with torch.no_grad():
-        out = sample_in_chunks(SAMPLERS.get(cfg.name), model, ids, mask, cfg, generator=g)
-    if grid is not None:
-        from ddrl.data import decode_image_ids
+    # the path training and evaluation sample through (ddrl.sampling.engine); one generator for the n rows
+    engine = RolloutEngine(model, cfg, sampler=cfg.name, task=_Len(), option_names=("--max-prompt-length", "--gen-length"))
+    prompt = engine.encode([args.prompt])
+    out = engine.generate(prompt.ids, prompt.mask, torch.Generator().manual_seed(args.seed), rows_per_prompt=args.n)
+    pixels = out.completions.images  # [n, 3, H, W] for an image model, else None
+    if pixels is not None:
         from ddrl.rewards.pixels import save_image_grid
 
-        pixels = decode_image_ids(model, out.completion_ids, grid)  # [n, 3, H, W]
+        assert grid is not None  # an image task's completions
         path = save_image_grid(pixels, args.output, captions=[args.prompt] * len(pixels))
         print(f"{len(pixels)} image(s) of {grid[0]}x{grid[1]} codes written to {path}")
         return 0
-    for text in decode_completions(model.tokenizer, out.completion_ids, model_stop_ids(model)):
+    for text in out.completions.texts:
         print(text)
     return 0
 

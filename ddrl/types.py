@@ -61,11 +61,25 @@ class Trajectory:
         return Trajectory(self.commit_step[rows], pick(self.token_probs), pick(self.states), step_times)
 
 
+# The RolloutBatch.extras keys whose value is per row: a [B, ...] tensor whose row i belongs to row i of
+# the batch. RolloutBatch.index slices these and only these, and refuses one whose first dimension is
+# not the batch's; every other extra belongs to the whole batch and a sub-batch keeps it as it is,
+# whatever its shape (a [B', ...] tensor whose B' happens to equal B is not cut). A method that adds a
+# per-row extra names it here.
+ROW_EXTRAS: frozenset[str] = frozenset({
+    "dps_weights",  # [B, L] float: DACA's denoising-progress token weights (TokenPPO.prepare, objectives/ppo.py)
+    "trace_states",  # [B, S] bool: the trace states a TraceRL micro-batch computes (estimators/trace.py row_selection)
+    "copy_rows",  # [B, C] bool: the masked copies a UniGRPO micro-batch computes (estimators/random_ratio.py)
+    "step_predictions",  # [B, S, L] long: each sampler step's output, when a caller records its own (estimators/udm.py)
+})
+
+
 @dataclass
 class RolloutBatch:
     """G completions for each of a few prompts, with what RL needs to learn from them.
 
-    Rows are grouped: rows [g*G, (g+1)*G) share a prompt and group id g.
+    Rows are grouped: rows [g*G, (g+1)*G) share a prompt and group id g. Every field says whether it is
+    per row (its first dimension or length is B; `index` cuts it) or the batch's (a sub-batch keeps it).
     """
 
     prompt_ids: Tensor  # [B, P] long, left-padded with the pad id
@@ -75,10 +89,29 @@ class RolloutBatch:
     group_ids: Tensor  # [B] long, which prompt group the row belongs to
     rewards: Tensor  # [B] float, NaN where the reward was not applicable (None) or invalid
     advantages: Tensor  # [B] float, 0 for rows with an invalid reward
-    mask_seeds: Tensor  # [K] long, one estimator-noise seed per inner iteration
-    completions: list[str] = field(default_factory=list)  # decoded completions, length B
-    trajectory: Trajectory | None = None  # recorded by the sampler when the method needs it
-    extras: dict[str, Any] = field(default_factory=dict)  # method-specific (e.g. UDM timesteps)
+    mask_seeds: Tensor  # [K] long, one estimator-noise seed per inner iteration (the batch's)
+    completions: list[str] = field(default_factory=list)  # [B] decoded completions
+    trajectory: Trajectory | None = None  # per row; recorded by the sampler when the method needs it
+
+    # The rollout's and the reward's (Trainer.rollout, Trainer.score), per row.
+    examples: list[dict[str, Any]] = field(default_factory=list)  # [B] the task example of each row (reward columns)
+    reward_inputs: dict[str, Tensor] = field(default_factory=dict)  # name -> [B, ...]: images=[B, 3, H, W] for image
+    #                                                                  tasks; emptied once the reward has read it
+    reward_failed: Tensor | None = None  # [B] bool, the reward itself gave None/NaN; None before scoring
+    reward_invalid: Tensor | None = None  # [B] bool, failed or cut off (train.truncated_reward=null), before
+    #                                       method.invalid_reward=zero scores it 0; None before scoring
+    # The rollout's and the reward's, the batch's.
+    nfe: int = 0  # sampler model calls (rollout/model_calls)
+    forward_tokens: int = 0  # rows x tokens the sampler fed the model (rollout/forward_tokens)
+    truncated_prompts: int = 0  # of the whole step's prompts, how many were cut to rollout.max_prompt_length
+    reward_parts: dict[str, tuple[float, float]] = field(default_factory=dict)  # composite reward part ->
+    #                                                 (sum, count) of its finite scores over the rows (reward/<part>)
+    # The update planner's (ddrl.training.update_plan), the micro-batch's.
+    groups: list[int] | None = None  # its groups' step-global indices in row order (mask seeds); None = not planned
+    padding: bool = False  # a zero-weight micro-batch: it runs the passes and collectives, its loss is 0
+    # Method-specific values: per row exactly the keys in ROW_EXTRAS, the batch's otherwise
+    # ("inner_iteration": int, which inner iteration an estimator call serves, read by MaskGRPO).
+    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def input_ids(self) -> Tensor:  # [B, T]
@@ -96,13 +129,8 @@ class RolloutBatch:
         return self.completion_ids.shape[0]
 
     def index(self, rows: Tensor | slice) -> "RolloutBatch":
-        """A sub-batch (micro-batch) of rows; mask seeds are shared by all rows."""
-        if isinstance(rows, Tensor):
-            completions = [self.completions[i] for i in rows.tolist()] if self.completions else []
-        else:
-            completions = self.completions[rows]
-        extras = {k: (v[rows] if isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == len(self) else v)
-                  for k, v in self.extras.items()}
+        """A sub-batch (micro-batch) of rows: every per-row value cut to them, the batch's values kept."""
+        cut = lambda name, value: None if value is None else self._rows(name, value, rows)  # noqa: E731
         return RolloutBatch(
             prompt_ids=self.prompt_ids[rows],
             prompt_mask=self.prompt_mask[rows],
@@ -112,10 +140,30 @@ class RolloutBatch:
             rewards=self.rewards[rows],
             advantages=self.advantages[rows],
             mask_seeds=self.mask_seeds,
-            completions=completions,
+            completions=self._rows("completions", self.completions, rows) if self.completions else [],  # [] = none
             trajectory=None if self.trajectory is None else self.trajectory.index(rows),
-            extras=extras,
+            examples=self._rows("examples", self.examples, rows) if self.examples else [],
+            reward_inputs={k: self._rows(f"reward_inputs[{k!r}]", v, rows) for k, v in self.reward_inputs.items()},
+            reward_failed=cut("reward_failed", self.reward_failed),
+            reward_invalid=cut("reward_invalid", self.reward_invalid),
+            nfe=self.nfe, forward_tokens=self.forward_tokens, truncated_prompts=self.truncated_prompts,
+            reward_parts=self.reward_parts, groups=self.groups, padding=self.padding,
+            extras={k: cut(f"extras[{k!r}]", v) if k in ROW_EXTRAS else v for k, v in self.extras.items()},
         )
+
+    def _rows(self, name: str, value: Any, rows: Tensor | slice) -> Any:
+        """value[rows] for a per-row value; an error naming it when its length is not the batch's."""
+        n = len(self)
+        if isinstance(value, Tensor):
+            if value.dim() == 0 or value.shape[0] != n:
+                raise ValueError(f"RolloutBatch.{name} has shape {list(value.shape)} but is per row: its first "
+                                 f"dimension must be the batch's {n} rows (a value of the whole batch belongs in "
+                                 f"extras under a key outside ROW_EXTRAS)")
+            return value[rows]
+        if not isinstance(value, list) or len(value) != n:
+            raise ValueError(f"RolloutBatch.{name} is per row and must be a [{n}, ...] tensor or a list of {n}, got "
+                             f"{type(value).__name__}{f' of {len(value)}' if isinstance(value, list) else ''}")
+        return [value[i] for i in rows.tolist()] if isinstance(rows, Tensor) else value[rows]
 
 
 @dataclass

@@ -54,11 +54,10 @@ def group_seed(seed: int, group: int) -> int:
 
 def mask_groups(batch: RolloutBatch) -> list[int]:
     """The key of each group of the batch, in row order: the trainer's step-global group indices
-    (extras["groups"], set by its update planner), else the batch's own group ids (one host read; a
+    (batch.groups, set by its update planner), else the batch's own group ids (one host read; a
     caller outside the trainer, whose ids are then its keys). A group's rows are consecutive."""
-    groups = batch.extras.get("groups")
-    if groups is not None:
-        return list(groups)
+    if batch.groups is not None:
+        return list(batch.groups)
     return torch.unique_consecutive(batch.group_ids).tolist()
 
 

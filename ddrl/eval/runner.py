@@ -26,9 +26,8 @@ from typing import Any, Callable
 import torch
 
 from ddrl.config import SamplerConfig, validate_sampler
-from ddrl.data import check_modality, encode_prompts, prompt_budget, task_completions
+from ddrl.data import check_modality
 from ddrl.contract import model_view
-from ddrl.registry import SAMPLERS
 from ddrl.rewards.pixels import save_image_grid, to_uint8
 from ddrl.sampling.checks import AUTO, resolve_sampler
 from ddrl.sampling.settings import settings_class
@@ -83,7 +82,7 @@ class Scoring:
     metric:   metric(texts, **columns) -> list[float] in [0, 1], the per-item accuracy; None = correct.
     raw_text: correct/metric read every generated token decoded with its special tokens, as d1's
               evaluation does (batch_decode(..., skip_special_tokens=False)); False = the cut text.
-    task:     whose modality decodes the ids (ddrl.data.task_completions); None = text. reward,
+    task:     whose modality decodes the ids (the rollout engine's task_completions); None = text. reward,
               correct and metric also take its reward inputs (images=[n, 3, H, W] for image tasks).
     """
 
@@ -241,30 +240,27 @@ def example_seed(seed: int, index: int) -> int:
 
 def _sample_rows(model: Any, examples: list[dict], indices: list[int], sampler: SamplerConfig, scoring: Scoring, *,
                  seed: int, k: int, batch_size: int) -> tuple[list[dict[str, Any]], int]:
-    """Rows of examples[indices], sampled batch_size examples per sampler call; (rows, model calls)."""
-    from ddrl.processes.draws import RowGenerators
-    from ddrl.sampling.base import sample_in_chunks
+    """Rows of examples[indices], sampled batch_size examples per sampler call; (rows, model calls).
 
-    device = next(model.parameters()).device
-    max_prompt = prompt_budget(model, sampler, "--max-prompt-length", "--gen-length")
-    sample_fn = SAMPLERS.get(resolve_sampler(model, sampler.name, "sampler"))
-    was_training = model.training
-    model.eval()
+    The training rollouts' engine (ddrl.sampling.engine): the same prompt cut (max_prompt_length), the
+    same batch_rows calls, the same decoding; example i's k rows draw from their own generator."""
+    from ddrl.processes.draws import RowGenerators, make_generator
+    from ddrl.sampling.engine import RolloutEngine
+
+    engine = RolloutEngine(model, sampler, sampler=resolve_sampler(model, sampler.name, "sampler"), task=scoring.task,
+                           option_names=("--max-prompt-length", "--gen-length"))
     rows: list[dict[str, Any]] = []
     nfe = 0
-    generator_device = device if device.type == "cuda" else torch.device("cpu")
     for lo in range(0, len(indices), batch_size):
         chunk_ids = indices[lo: lo + batch_size]
         chunk = [examples[i] for i in chunk_ids]
         prompts = [scoring.prompt(ex) for ex in chunk]
-        prompt_ids, prompt_mask = encode_prompts(model.tokenizer, [p for p in prompts for _ in range(k)],
-                                                 max_length=max_prompt, max_prompt_length=sampler.max_prompt_length,
-                                                 device=device)  # cut as the rollouts are (rollout.max_prompt_length)
-        g = RowGenerators([torch.Generator(device=generator_device).manual_seed(example_seed(seed, i))
-                           for i in chunk_ids], rows_per_generator=k)
-        out = sample_in_chunks(sample_fn, model, prompt_ids, prompt_mask, sampler, generator=g)  # sampler.batch_rows
+        encoded = engine.encode(prompts)
+        g = RowGenerators([make_generator(example_seed(seed, i), engine.device) for i in chunk_ids],
+                          rows_per_generator=k)
+        out = engine.generate(encoded.ids, encoded.mask, g, rows_per_prompt=k)
         nfe += out.nfe
-        done = task_completions(model, scoring.task, out.completion_ids)  # texts, or decoded images
+        done = out.completions  # texts, or decoded images
         texts, extra = done.texts, done.reward_inputs()
         scored = texts
         if scoring.raw_text:  # every generated token, special tokens included (d1's decode)
@@ -285,7 +281,6 @@ def _sample_rows(model: Any, examples: list[dict], indices: list[int], sampler: 
             if scoring.raw_text:
                 row["raw_completions"] = scored[part]
             rows.append(row)
-    model.train(was_training)
     return rows, nfe
 
 

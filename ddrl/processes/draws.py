@@ -39,6 +39,17 @@ class RowGenerators:
                           for lo, hi, g in row_chunks(self, shape[0])])
 
 
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator seeded with `seed` on `device` (CUDA: the draws happen there, no host copy; any
+    other device: a CPU generator)."""
+    device = torch.device(device)
+    # a build without CUDA has no CUDA generator: a rehearsal's fake CUDA tensors draw from a CPU one
+    cuda = device.type == "cuda" and torch.backends.cuda.is_built()
+    g = torch.Generator(device=device if cuda else "cpu")
+    g.manual_seed(seed)
+    return g
+
+
 def row_chunks(generator: torch.Generator | RowGenerators | None,
                batch_size: int) -> list[tuple[int, int, torch.Generator]]:
     """(first row, end row, generator) for each chunk of a batch of `batch_size` rows: one chunk of

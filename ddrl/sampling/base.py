@@ -7,9 +7,9 @@ eos_token_id, pad_token_id, process, block_size, and `model(input_ids, attention
 `g` is a torch.Generator, or a ddrl.processes.draws.RowGenerators (one generator per chunk of rows,
 e.g. per prompt group): then each chunk gets the completions a call on that chunk alone would get,
 so one batched call can serve every group of a rank. `cfg` is the rollout section; each sampler reads
-it into its own settings class (ddrl.sampling.settings: the check config validation runs). The trainer and `ddrl
-eval` / `ddrl sample` call it through sample_in_chunks, which cuts the rows into calls of at most
-rollout.batch_rows rows.
+it into its own settings class (ddrl.sampling.settings: the check config validation runs). The
+trainer, `ddrl eval` and `ddrl sample` call it through the rollout engine (ddrl.sampling.engine),
+which calls sample_in_chunks: the rows cut into calls of at most rollout.batch_rows rows.
 """
 
 from __future__ import annotations

@@ -38,17 +38,6 @@ def derive_seed(*parts: Any) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """A generator seeded with `seed` on `device` (CUDA: the draws happen there, no host copy; any
-    other device: a CPU generator)."""
-    device = torch.device(device)
-    # a build without CUDA has no CUDA generator: a rehearsal's fake CUDA tensors draw from a CPU one
-    cuda = device.type == "cuda" and torch.backends.cuda.is_built()
-    g = torch.Generator(device=device if cuda else "cpu")
-    g.manual_seed(seed)
-    return g
-
-
 def build_optimizer(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float,
                     betas: tuple[float, float] = (0.9, 0.99)) -> torch.optim.Optimizer:
     params = [p for p in params if p.requires_grad]

@@ -92,7 +92,7 @@ class Method:
     @property
     def masks_per_group(self) -> bool:
         """The estimator draws each group's masks from the group's own seed (its mask_per_group
-        option): the planner names each micro-batch's step-global groups (extras["groups"])."""
+        option): the planner names each micro-batch's step-global groups (batch.groups)."""
         return bool(getattr(self.estimator, "mask_per_group", False))  # an optional estimator option
 
     def mask_seed_iteration(self, k: int) -> int:

@@ -20,9 +20,8 @@ from tqdm.auto import tqdm
 
 from ddrl.config import PretrainConfig, load_config, save_config, task_kwargs
 from ddrl.data import encode_completions, encode_image_codes, encode_prompts, prompt_budget
-from ddrl.processes.draws import uniform_draw
-from ddrl.training.common import (build_optimizer, build_scheduler, check_writable, derive_seed,
-                                  make_generator, pick_device)
+from ddrl.processes.draws import make_generator, uniform_draw
+from ddrl.training.common import build_optimizer, build_scheduler, check_writable, derive_seed, pick_device
 from ddrl.training.logging import MetricsLogger
 
 

@@ -41,18 +41,16 @@ import torch
 from tqdm.auto import tqdm
 
 from ddrl.config import RLConfig, load_config, save_config, task_kwargs
-from ddrl.data import (check_modality, completion_mask, is_stop, model_stop_ids, pad_prompts, prompt_budget,
-                       task_completions, tokenize_prompts, truncate_prompts)
+from ddrl.data import check_modality, is_stop, model_stop_ids
 from ddrl.contract import model_view
 from ddrl.objectives import AggregationCounts, compute_advantages
 from ddrl.objectives.base import COUNTED_STATS
-from ddrl.processes.draws import RowGenerators
-from ddrl.registry import SAMPLERS
-from ddrl.sampling.base import sample_in_chunks
+from ddrl.processes.draws import RowGenerators, make_generator
 from ddrl.sampling.checks import check_sampler, resolve_sampler, speed_settings
+from ddrl.sampling.engine import RolloutEngine
 from ddrl.training import checkpoint as ckpt
 from ddrl.training.common import (Clock, build_optimizer, build_scheduler, derive_seed, disable_dropout,
-                                  finite_sum_count, make_generator, pick_device)
+                                  finite_sum_count, pick_device)
 from ddrl.training.distributed import (DistInfo, ModelHandle, RowSums, StepSums, all_reduce_sum, barrier,
                                        check_whole_groups, compute_context, copy_parameters, device_memory,
                                        gathered_parameters, gradient_sync, init_distributed, reduce_mean_dict, reshard,
@@ -140,7 +138,10 @@ class Trainer:
         self.model = self._load_model()  # on the CPU until the memory check passed
         check_modality(self.model, self.task)  # an image model on a text task (or the reverse) fails here
         self._resolve_sampler()
-        self.max_prompt = prompt_budget(self.model, cfg.rollout)
+        # the rollouts' tokenize -> cut -> pad -> sample -> decode, the path evaluation takes too
+        self.engine = RolloutEngine(self.model, cfg.rollout, sampler=cfg.rollout.name, task=self.task,
+                                    device=self.device, context=self._sampling_context)
+        self.max_prompt = self.engine.max_prompt  # prompt tokens the model takes beside rollout.gen_length
         self.truncated_prompts = 0  # prompts cut to rollout.max_prompt_length so far (announced once)
         self.ref_model = self._make_reference() if self.method.needs_ref else None
         self.wrapped = self._place_models(cfg.model.mixed_precision)
@@ -201,6 +202,13 @@ class Trainer:
         r = self.cfg.rollout
         r.name = resolve_sampler(self.model, r.name, "rollout")
         check_sampler(r, "rollout", block_size=model_view(self.model).block_size)
+
+    @contextlib.contextmanager
+    def _sampling_context(self) -> Iterator[None]:
+        """What the sampler's model calls run under: the step's autocast, and under FSDP2 the whole
+        parameters gathered once for the many calls of a rollout."""
+        with self.autocast, gathered_parameters(self.model):
+            yield
 
     def _load_model(self) -> Any:
         from ddrl.models import load_model
@@ -396,55 +404,42 @@ class Trainer:
         examples = [self.example(first + i) for i in range(per_rank)]
         # Padded to the widest prompt of the whole step (all ranks), so a row's tensors do not depend
         # on how the step is split over processes.
-        step_prompts = [self.example((step - 1) * t.prompts_per_step + i)["prompt"]
-                        for i in range(t.prompts_per_step)]
-        tokenizer = self.model.tokenizer
-        rows, truncated = truncate_prompts(tokenize_prompts(tokenizer, step_prompts), self.cfg.rollout.max_prompt_length)
-        self._announce_truncation(truncated, len(rows))
-        all_ids, all_mask = pad_prompts(rows, tokenizer.pad_token_id, max_length=self.max_prompt,
-                                        device=self.device)  # [N, P]: the prompts the likelihood passes score too
+        prompts = self.engine.encode([self.example((step - 1) * t.prompts_per_step + i)["prompt"]
+                                      for i in range(t.prompts_per_step)])  # [N, P]: the likelihood passes score them too
+        self._announce_truncation(prompts.truncated, t.prompts_per_step)
         mine = slice(self.dist.rank * per_rank, (self.dist.rank + 1) * per_rank)
-        prompt_ids, prompt_mask = all_ids[mine].repeat_interleave(G, 0), all_mask[mine].repeat_interleave(G, 0)
         # One sampler call for all of this rank's groups (or calls of rollout.batch_rows rows). Each group draws
         # from its own generator, on the model's device, seeded by (seed, step, the group's data position): its
         # completions are those of a call on that group alone, so 1 process and N processes draw the same rollouts.
         generators = RowGenerators([make_generator(derive_seed(self.cfg.seed, "rollout", step, first + i), self.device)
                                     for i in range(per_rank)], rows_per_generator=G)
-        self.model.eval()
-        with self.autocast, gathered_parameters(self.model):
-            out = sample_in_chunks(SAMPLERS.get(self.cfg.rollout.name), self.model, prompt_ids, prompt_mask,
-                                   self.cfg.rollout, generator=generators, return_trajectory=self.needs_trajectory)
-        self.model.train()
-        stop_ids = model_stop_ids(self.model)  # EOS and any end-of-turn id (a chat checkpoint's <|im_end|>)
-        completions = task_completions(self.model, self.task, out.completion_ids)  # texts, or decoded images
+        out = self.engine.generate(prompts.ids[mine], prompts.mask[mine], generators, rows_per_prompt=G,
+                                   return_trajectory=self.needs_trajectory)
         K = t.num_iterations
         seeds = torch.tensor([derive_seed(self.cfg.seed, "mask", step, k) % 2**62 for k in range(K)])
-        B = len(prompt_ids)
-        batch = RolloutBatch(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=out.completion_ids,
-            completion_mask=completion_mask(out.completion_ids, stop_ids),
+        B = len(out.prompt_ids)
+        return RolloutBatch(
+            prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, completion_ids=out.completion_ids,
+            completion_mask=out.completion_mask,
             group_ids=torch.arange(per_rank, device=self.device).repeat_interleave(G),
             rewards=torch.zeros(B, device=self.device), advantages=torch.zeros(B, device=self.device),
-            mask_seeds=seeds, completions=completions.texts, trajectory=out.trajectory,
+            mask_seeds=seeds, completions=out.completions.texts, trajectory=out.trajectory,
+            examples=[ex for ex in examples for _ in range(G)],
+            reward_inputs=out.completions.reward_inputs(),  # images=[B, 3, H, W] for image tasks
+            nfe=out.nfe, forward_tokens=out.forward_tokens or 0, truncated_prompts=prompts.truncated,
         )
-        batch.extras["examples"] = [ex for ex in examples for _ in range(G)]
-        batch.extras["reward_inputs"] = completions.reward_inputs()  # images=[B, 3, H, W] for image tasks
-        batch.extras["nfe"] = out.nfe
-        batch.extras["truncated_prompts"] = truncated
-        batch.extras["forward_tokens"] = out.forward_tokens or 0  # rows x tokens fed (cost)
-        return batch
 
     def score(self, batch: RolloutBatch) -> None:
-        examples = batch.extras.pop("examples")
-        columns = {c: [ex.get(c) for ex in examples] for c in examples[0] if c != "prompt"}
-        inputs = {**columns, **batch.extras.pop("reward_inputs", {})}
+        columns = {c: [ex.get(c) for ex in batch.examples] for c in batch.examples[0] if c != "prompt"}
+        inputs: dict[str, Any] = {**columns, **batch.reward_inputs}
+        batch.reward_inputs = {}  # read once: an image task's pixels need not live through the update
         # A reward set on the task instance (`task.reward = fn`, as a user wraps or replaces one) is
         # what scores, as before rewards returned parts; otherwise the task's own score and parts.
         replaced = vars(self.task).get("reward")
         scored = score_parts(replaced, batch.completions, **inputs) if replaced else self.task.score(batch.completions, **inputs)
         values = [float("nan") if r is None else float(r) for r in scored.scores]
         batch.rewards = torch.tensor(values, dtype=torch.float32, device=self.device)
-        batch.extras["reward_failed"] = ~torch.isfinite(batch.rewards)  # [B] the reward itself gave None/NaN
+        batch.reward_failed = ~torch.isfinite(batch.rewards)
         truncated = self.cfg.train.truncated_reward
         if truncated is not None:  # no stop token within gen_length: the answer was cut off
             cut = ~is_stop(batch.completion_ids, model_stop_ids(self.model)).any(dim=1)  # [B]
@@ -453,16 +448,17 @@ class Trainer:
                 cut |= batch.completion_mask.sum(dim=1) >= batch.completion_ids.shape[1] - margin
             batch.rewards[cut] = float(truncated)
         invalid = ~torch.isfinite(batch.rewards)
-        batch.extras["reward_invalid"] = invalid  # [B] for reward/invalid_frac, before "zero" makes them 0
+        batch.reward_invalid = invalid  # for reward/invalid_frac, before "zero" makes them 0
         # "drop": excluded from the group, no loss; "zero": a reward of 0 like any other (d1, wd1)
         batch.rewards[invalid] = 0.0 if self.method.advantage.invalid == "zero" else float("nan")
         if scored.parts:
-            batch.extras["reward_parts"] = {k: finite_sum_count(v) for k, v in scored.parts.items()}  # RowSums' (Σx, n)
+            batch.reward_parts = {k: finite_sum_count(v) for k, v in scored.parts.items()}
 
     def _no_valid_reward(self, batch: RolloutBatch) -> bool:
         """Whether the reward gave None/NaN for every completion of the step, on every rank (a
         collective: every rank gets the same answer, so all skip the update or none does)."""
-        valid = (~batch.extras["reward_failed"]).sum().float().reshape(1)
+        assert batch.reward_failed is not None  # score() ran
+        valid = (~batch.reward_failed).sum().float().reshape(1)
         return all_reduce_sum(valid, self.dist).item() == 0
 
     def advantages(self, batch: RolloutBatch) -> None:
@@ -529,7 +525,7 @@ class Trainer:
                 self.opt.zero_grad(set_to_none=True)
                 total = torch.zeros((), device=self.device)
                 for j, mb in enumerate(share):
-                    padding = bool(mb.extras.get("padding"))
+                    padding = mb.padding
                     # one all-reduce a step; DDP decides in forward whether the backward syncs: both inside
                     with gradient_sync(self.wrapped, enabled=j == len(share) - 1):
                         with self.autocast, self.balance:
@@ -606,11 +602,12 @@ class Trainer:
     def _seed(self, batch: RolloutBatch, step: int, k: int, role: str) -> int:
         """Shared masks: the batch's seed for iteration k (iteration 0's when the method reuses masks)
         for old/ref/current. Fresh masks: a new seed per pass role and micro-batch, keyed by the
-        micro-batch's first global group (the planner's extras["group"]), never by the rank: with one
+        micro-batch's first global group (the planner's batch.groups), never by the rank: with one
         group per micro-batch (train.micro_batch_size = group_size, StableDRL's released setting)
         each group draws its own masks and 1 and N processes draw the same ones."""
         if self.method.fresh_masks:
-            return derive_seed(self.cfg.seed, "fresh", step, k, role, batch.extras["group"]) % 2**62
+            assert batch.groups, "the update planner names every micro-batch's groups"
+            return derive_seed(self.cfg.seed, "fresh", step, k, role, batch.groups[0]) % 2**62
         return int(batch.mask_seeds[self.method.mask_seed_iteration(k)])
 
     def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, Any]:
@@ -618,7 +615,7 @@ class Trainer:
         once per step. Statistics of rows are sums and counts (RowSums), reduced over ranks and then
         divided: the 1-process values at any world size (the sampler's call count is every rank's own)."""
         r = batch.rewards
-        valid = ~batch.extras.get("reward_invalid", ~torch.isfinite(r))
+        valid = ~batch.reward_invalid if batch.reward_invalid is not None else torch.isfinite(r)
         valid_r = torch.where(valid, r, 0.0)
         rows = float(len(batch))
         m: dict[str, Any] = {
@@ -626,12 +623,12 @@ class Trainer:
             "reward/std": RowSums(valid_r.sum(), valid.sum(), squares=(valid_r * valid_r).sum()),
             "reward/invalid_frac": RowSums((~valid).sum(), rows),
             "completions/mean_length": RowSums(batch.completion_mask.sum(), rows),
-            "rollout/model_calls": float(batch.extras.get("nfe", 0)),
-            "rollout/forward_tokens": RowSums(float(batch.extras.get("forward_tokens") or 0)),  # summed over ranks
-            "rollout/truncated_prompts": float(batch.extras.get("truncated_prompts", 0)),  # of the whole step's prompts
+            "rollout/model_calls": float(batch.nfe),
+            "rollout/forward_tokens": RowSums(float(batch.forward_tokens)),  # summed over ranks
+            "rollout/truncated_prompts": float(batch.truncated_prompts),  # of the whole step's prompts
             "advantage/abs_mean": RowSums(batch.advantages.abs().sum(), rows),
         }
-        for name, (total, n) in batch.extras.get("reward_parts", {}).items():
+        for name, (total, n) in batch.reward_parts.items():
             m[f"reward/{name}"] = RowSums(total, n)
         return m
 

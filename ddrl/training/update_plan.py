@@ -9,8 +9,8 @@
     padding    zero-weight micro-batches up to the largest count of any rank, so that every rank runs
                the same passes and collectives
     groups     with fresh masks (StableDRL) or per-group masks (an estimator's mask_per_group), each
-               micro-batch's groups as step-global indices (extras["groups"], the first also as
-               extras["group"]): masks are seeded from them, not from the rank
+               micro-batch's groups as step-global indices (RolloutBatch.groups): masks are seeded
+               from them, not from the rank
 
 The trainer runs the plan (ddrl.training.trainer); nothing here computes a loss.
 """
@@ -176,8 +176,8 @@ class UpdatePlanner:
                             dtype=torch.float64, device=self.device)
 
     def _tag_groups(self, micro: list[list[RolloutBatch]]) -> None:
-        """extras["groups"] of every micro-batch: its groups' indices among the step's global groups
-        (rank * groups per rank + the group id on the rank), in row order; extras["group"] the first.
+        """RolloutBatch.groups of every micro-batch: its groups' indices among the step's global groups
+        (rank * groups per rank + the group id on the rank), in row order.
         The trainer draws fresh masks from (seed, step, iteration, pass, first group) and a
         mask_per_group estimator each group's from (seed, group), so a group gets the same masks on 1
         or N processes; a seed mixed with the rank changed StableDRL's updates with the GPU count.
@@ -189,8 +189,7 @@ class UpdatePlanner:
         for mb in pieces:
             rows, at = ids[at:at + len(mb)], at + len(mb)
             groups = [g for i, g in enumerate(rows) if i == 0 or g != rows[i - 1]]  # a group's rows are consecutive
-            mb.extras["groups"] = [offset + int(g) for g in groups]
-            mb.extras["group"] = mb.extras["groups"][0]
+            mb.groups = [offset + int(g) for g in groups]
 
     def _padding(self, batch: RolloutBatch) -> RolloutBatch:
         """A zero-weight micro-batch: the rank's first micro-batch of the whole rollout, its rewards
@@ -200,5 +199,5 @@ class UpdatePlanner:
         full.rewards = torch.zeros_like(full.rewards)
         full.advantages = torch.zeros_like(full.advantages)
         mb = self.micro_batches(full)[0]
-        mb.extras["padding"] = True
+        mb.padding = True
         return mb

@@ -24,12 +24,13 @@ def _evaluate(out: Path, batch_size: int, temperature: float, shard: bool = Fals
     """(result, rows written, rows per sampler call)."""
     from ddrl.eval import runner
     from ddrl.models import load_model
+    from ddrl.sampling import engine
     from ddrl.tasks import get_task
 
     calls: list[int] = []
-    samplers = runner.SAMPLERS
+    samplers = engine.SAMPLERS
 
-    class Counted:  # the runner's sampler registry, counting rows per call
+    class Counted:  # the sampler registry of the rollout engine evaluation samples through, counting rows per call
         def get(self, name):
             sampler = samplers.get(name)
 
@@ -38,13 +39,13 @@ def _evaluate(out: Path, batch_size: int, temperature: float, shard: bool = Fals
                 return sampler(model, prompt_ids, *args, **kwargs)
             return call
 
-    runner.SAMPLERS = Counted()
+    engine.SAMPLERS = Counted()
     try:
         task = get_task("mini_sudoku", min_empty=8, max_empty=12)  # 2-step decoding errs: runs can differ
         result = runner.evaluate(load_model(MODEL), task, n=N, sampler={"steps": 2, "temperature": temperature},
                                  seed=3, k=K, batch_size=batch_size, shard=shard, output_jsonl=out)
     finally:
-        runner.SAMPLERS = samplers
+        engine.SAMPLERS = samplers
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     return result, [(r["prompt"], r["completions"]) for r in rows], calls
 

@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddrl.config import RLConfig, load_config
 from ddrl.processes.draws import RowGenerators
+from ddrl.sampling import engine as engine_mod
 from ddrl.training import trainer as trainer_mod
 from ddrl.training.trainer import Trainer, train
 from tests.integration.conftest import ROOT, rl_overrides
@@ -30,7 +31,7 @@ def _trainer(model, tmp_path, method: str, *extra: str) -> Trainer:
 def test_one_sampler_call_per_rollout_step_with_a_generator_per_group(tiny_sudoku_model, tmp_path, monkeypatch):
     trainer = _trainer(tiny_sudoku_model, tmp_path, "grpo", "train.prompts_per_step=2", "train.group_size=4")
     calls, devices = [], []
-    real_samplers, real_make = trainer_mod.SAMPLERS, trainer_mod.make_generator
+    real_samplers, real_make = engine_mod.SAMPLERS, trainer_mod.make_generator
 
     class Samplers:
         def get(self, name):
@@ -45,7 +46,7 @@ def test_one_sampler_call_per_rollout_step_with_a_generator_per_group(tiny_sudok
         devices.append(torch.device(device))
         return real_make(seed, device)
 
-    monkeypatch.setattr(trainer_mod, "SAMPLERS", Samplers())
+    monkeypatch.setattr(engine_mod, "SAMPLERS", Samplers())  # the rollout engine looks the sampler up
     monkeypatch.setattr(trainer_mod, "make_generator", make_generator)
     batch = trainer.rollout(1)
     assert len(calls) == 1, "all of a rank's groups go through one sampler call"

@@ -55,7 +55,7 @@ def test_trainer_prompts_are_ursas_own_layout(prompt_file, clip_dir, tmp_path):
     trainer = Trainer(load_config(ROOT / "configs/rl/udm_grpo_digits.yaml",
                                   overrides(tmp_path / "run", train, test, reward), RLConfig))
     batch = trainer.rollout(1)
-    texts = [ex["prompt"] for ex in batch.extras["examples"]]
+    texts = [ex["prompt"] for ex in batch.examples]
     ids, mask = trainer.model.encode_prompts(texts)
     assert ids.shape[1] == 320 + 1  # the released max_prompt_length, then <bov>
     assert torch.equal(batch.prompt_ids.cpu(), ids) and torch.equal(batch.prompt_mask.cpu().long(), mask)

@@ -34,7 +34,7 @@ def two_groups() -> RolloutBatch:
 
 
 def draws(estimator, batch: RolloutBatch, groups: list[int]) -> list[torch.Tensor]:
-    batch.extras["groups"] = groups  # what the trainer's planner names: step-global group indices
+    batch.groups = groups  # what the trainer's planner names: step-global group indices
     out = estimator.draw_masks(batch, 1234)
     return [t for t in (out if isinstance(out, tuple) else (out,)) if t is not None]
 

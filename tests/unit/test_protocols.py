@@ -286,9 +286,9 @@ class _PaperTask(Task):
 
 def _replay(model_texts: list[str], task: str, examples: list[dict], protocol: Protocol, tmp_path: Path, monkeypatch):
     """`ddrl eval --protocol` on fixed generations: evaluate_protocol with the sampler replaced by a replay."""
-    import ddrl.eval.runner as runner
+    import ddrl.sampling.engine as engine
 
-    monkeypatch.setattr(runner, "SAMPLERS", _Replay)
+    monkeypatch.setattr(engine, "SAMPLERS", _Replay)  # the rollout engine that evaluation samples through
     out = tmp_path / f"{task}.jsonl"
     result = evaluate_protocol(_ReplayModel(model_texts), _PaperTask(task), protocol, lengths=[protocol.gen_lengths[0]],
                                examples=examples, batch_size=2, output_jsonl=out)

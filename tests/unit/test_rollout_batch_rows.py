@@ -107,6 +107,7 @@ def test_the_command_line_takes_batch_rows(capsys):
 
 
 def test_the_trainer_rolls_out_in_calls_of_batch_rows(tmp_path, monkeypatch):
+    from ddrl.sampling import engine as engine_mod
     from ddrl.training import trainer as trainer_mod
 
     def rollout(*extra):
@@ -125,7 +126,7 @@ def test_the_trainer_rolls_out_in_calls_of_batch_rows(tmp_path, monkeypatch):
                     return real.get(name)(model, ids, mask, cfg, **kwargs)
                 return counted
 
-        monkeypatch.setattr(trainer_mod, "SAMPLERS", Spy())
+        monkeypatch.setattr(engine_mod, "SAMPLERS", Spy())  # the rollout engine looks the sampler up
         return trainer_mod.Trainer(cfg).rollout(1).completion_ids, calls
 
     whole, calls = rollout()
