@@ -13,7 +13,7 @@ Models" (TraceRL / TraDo), arXiv 2509.06949. Code: Gen-Verse/dLLM-RL @ 10b4fd1c,
 So the KL is measured against the BEHAVIOUR policy and each state weighs as one row (the earlier
 ddrl form, one mean per sample and a KL summed per sample, made the KL weigh 64x more for the
 LLaDA recipe). `aggregation = row_token_mean` divides by the step's global number of rows R
-(trainer: batch.extras["train_rows"]); `row_token_mean_local` divides by the micro-batch's own rows,
+(AggregationCounts.rows, counted by the update planner); `row_token_mean_local` divides by the micro-batch's own rows,
 exactly dLLM-RL's forward_process for one of its micro-batches (the golden test uses it).
 
 The released loop is part of the method: old log-probs are computed once per rollout, then many
