@@ -259,6 +259,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     setup_logging(args.quiet)
     _import_from_working_directory()
+    caller_group = _in_process_group()
+    code = _run(args)
+    if _in_process_group() and not caller_group:  # the command made one (torchrun, an offload group): end it
+        from ddrl.training.distributed import end_process_group, exit_without_finalizing
+
+        end_process_group()
+        if argv is None:  # the ddrl program, not a call from Python
+            exit_without_finalizing(code)  # gloo's threads could abort the interpreter's exit (its docstring)
+    return code
+
+
+def _in_process_group() -> bool:
+    """Whether this process is in a torch.distributed group (never importing it to find out)."""
+    tdist = sys.modules.get("torch.distributed")
+    return tdist is not None and tdist.is_available() and tdist.is_initialized()
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command's exit code; the errors users cause are one line and a code, not a traceback."""
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
@@ -306,11 +325,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     run_dir = train(args.config, [*args.overrides, *_train_flags(args)])
     if os.environ.get("RANK", "0") == "0":
         print(f"run directory: {run_dir}")
-    import torch.distributed as dist
-
-    if dist.is_initialized():  # a clean exit under torchrun: gloo/nccl threads stopped before teardown
-        dist.destroy_process_group()
-    return 0
+    return 0  # main ends the process group
 
 
 def _train_flags(args: argparse.Namespace) -> list[str]:

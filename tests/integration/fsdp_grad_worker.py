@@ -52,4 +52,7 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
+    from ddrl.training.distributed import exit_without_finalizing
+
     main(sys.argv[1])
+    exit_without_finalizing(0)  # gloo's threads can abort the interpreter's exit (SIGABRT): its docstring

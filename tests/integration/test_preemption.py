@@ -82,7 +82,7 @@ def _agreement_worker(out: str) -> None:
     """Rank 1 alone is signalled during step 2; both ranks must see the request after step 2."""
     import torch.distributed as tdist
 
-    from ddrl.training.distributed import init_distributed
+    from ddrl.training.distributed import end_process_group, init_distributed
     from ddrl.training.preemption import PreemptionGuard
 
     cpu = torch.device("cpu")
@@ -99,8 +99,11 @@ def _agreement_worker(out: str) -> None:
     tdist.all_gather_object(every, stopped)
     if info.is_main:
         Path(out).write_text(json.dumps(every))
-    tdist.destroy_process_group()  # else gloo's threads may abort the exit ("terminate called ...")
+    end_process_group()
 
 
 if __name__ == "__main__":
+    from ddrl.training.distributed import exit_without_finalizing
+
     _agreement_worker(sys.argv[1])
+    exit_without_finalizing(0)  # gloo's threads can abort the interpreter's exit (SIGABRT): its docstring

@@ -232,8 +232,8 @@ def _rank0_worker(model_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    import torch.distributed as tdist
+    from ddrl.training.distributed import end_process_group, exit_without_finalizing
 
     {"save": _save_worker, "load": _load_worker, "rank0": _rank0_worker}[sys.argv[1]](*sys.argv[2:])
-    if tdist.is_initialized():  # gloo's threads stopped before teardown: exiting with them alive can abort (SIGABRT)
-        tdist.destroy_process_group()
+    end_process_group()
+    exit_without_finalizing(0)  # gloo's threads can abort the interpreter's exit (SIGABRT): its docstring
