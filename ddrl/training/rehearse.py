@@ -683,6 +683,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
         converter.tensor_memo = weakref.WeakValueDictionary(converter.tensor_memo)
         for group in trainer.opt.param_groups:  # AdamW's default on CUDA tensors (CPU ones default to the loop)
             group["foreach"] = True
+        _steady_state(trainer)
         tracker = _memory_tracker(trainer)
         if isinstance(trainer.wrapped, torch.nn.parallel.DistributedDataParallel):
             _ddp_buckets_tracked(trainer.wrapped, tracker)
@@ -834,6 +835,22 @@ def _ddrl_frame_of(error: BaseException) -> str:
             if frames else "unknown")
 
 
+def _steady_state(trainer: Any) -> None:
+    """What every step after the first starts with, made before the tracker starts: each trainable
+    parameter's gradient (the previous update's: the trainer frees it at the next update's zero_grad,
+    so it is alive through the rollout) and AdamW's moments (made at its first step). Without them a
+    rehearsed first step is a step no GPU repeats: a recipe whose peak is the rollout (FSDP2's gathered
+    weights under full fine-tuning) measured low by gradients + AdamW state, 3 P_t 4 / N (coupled_grpo:
+    11.4 GB). Made by one AdamW step on zero gradients: fake tensors, no value changes; the trainer's
+    own count of optimizer steps is not touched. With dist.cpu_offload both live in host memory: none."""
+    if trainer.cfg.dist.cpu_offload:
+        return
+    for group in trainer.opt.param_groups:
+        for p in group["params"]:
+            p.grad = torch.zeros_like(p)
+    trainer.opt.step()
+
+
 def _memory_tracker(trainer: Any) -> Any:
     """MemTracker over the policy (and a separate reference copy) and the optimizer. FSDPMemTracker
     would split FSDP2's sharded and unsharded parameters, but refuses a module called more than once
@@ -883,6 +900,43 @@ def step_memory_tracker(*tracked: Any) -> Any:
                 super()._post_bw_hook(module, args)
 
         host_bytes = 0  # with dist.cpu_offload: the parameter shards' bytes (host memory, not the GPU's)
+        propagating = 0  # inside DTensor's sharding propagation (below)
+
+        def __enter__(self) -> Any:
+            """DTensor works out an op's output shape by running it on fake tensors of the global shape
+            (ShardingPropagator._propagate_tensor_meta_non_cached), in the fake mode it finds active. On
+            a GPU that is a FakeTensorMode of its own, which MemTracker skips; here it is the rehearsal's,
+            so MemTracker counted those global-shape stand-ins as allocations. AdamW's foreach ops over
+            FSDP2's DTensor shards made N full-size copies of the trainable weights per list of
+            arguments (coupled_grpo: 21 GB of "optimizer state" at 2 layers, 0.8 GB of shards each).
+            Ops made inside it are left untracked."""
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+            propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+            tracker = self
+
+            def untracked(propagator: Any, op_schema: Any) -> Any:
+                tracker.propagating += 1
+                try:
+                    return propagate(propagator, op_schema)
+                finally:
+                    tracker.propagating -= 1
+
+            self._propagation_patch = mock.patch.object(ShardingPropagator, "_propagate_tensor_meta_non_cached",
+                                                        untracked)
+            self._propagation_patch.start()
+            return super().__enter__()
+
+        def __exit__(self, *args: Any) -> None:
+            try:
+                super().__exit__(*args)
+            finally:
+                self._propagation_patch.stop()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if self.propagating:
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             """The device's peak only. MemTracker also updates the local peak of every module it has met
