@@ -63,6 +63,10 @@ under model.mixed_precision=bf16, else b)):
                        head_dim. A frozen base linear keeps no input. Measured, not guessed: the
                        rehearsal's tracker gives LLaDA-8B with d1's LoRA 23.6 units of T d c per block,
                        this 23 (tests/unit/test_memory_model.py)
+                     + the backward of one block: 5 f c per token beyond a (the rehearsal's tracker at
+                     the update's peak, LLaDA-8B and URSA alike: the block's recomputed up projection and
+                     7 [T, f] temporaries of SiLU's backward and the gated product's gradients, 8 f c,
+                     where a counts 3)
                      + the final hidden states T d c and one chunk of 2**24 logits (c + 12 bytes
                      each): log p(target) is computed chunk by chunk, no [T, V] logits
                      (ddrl.ops.logprobs)
@@ -110,6 +114,7 @@ DEFAULT_PROMPT_TOKENS = 256  # a chat-formatted math/code prompt, when rollout.m
 LOGPROB_CHUNK_ELEMENTS = 2**24  # ddrl.ops.logprobs.CHUNK_ELEMENTS: logits alive at once when scoring
 RMSNORM_BYTES = 4  # an RMSNorm normalises in float32 and keeps its float32 input for backward (LLaDA, Qwen)
 RECORDER_BYTES = 4  # a full trajectory record keeps float32 [B, W, V] per step of a block (DPS)
+BACKWARD_FFN_TEMPORARIES = 5  # [tokens, f] tensors a block's backward adds to its activations (module doc)
 METRIC_PATH_FP32_TENSORS = 3  # fp32 [R, W, N] tensors a metric_path sampler step holds at most (module doc)
 
 
@@ -500,6 +505,9 @@ def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy
         terms["activations (checkpointed)"] = tokens * L * d * c + block
     else:
         terms["activations"] = L * block
+    # the block being back-propagated: SiLU's backward and the gated product's gradients, 7 [tokens, f]
+    # tensors alive at once beside the block's 1 kept (recomputed) one; a counts 3 (module doc)
+    terms["one block's backward temporaries"] = tokens * BACKWARD_FFN_TEMPORARIES * shape.active_ffn * c
     # log p(target) from the final hidden states, the LM head chunk by chunk (ddrl.ops.logprobs)
     chunk = min(LOGPROB_CHUNK_ELEMENTS, tokens * shape.vocab)
     terms["final hidden + one logits chunk"] = tokens * d * c + chunk * (c + 12)
