@@ -25,7 +25,7 @@ torch cannot make fake CUDA ones through Tensor.copy_ or FSDP2's streams): same 
 wrapping; AdamW is set to its CUDA default (foreach), and its step counters, host tensors on a GPU,
 are not counted as syncs. DDP runs with its all-reduce answered by a comm hook (see
 _ddp_buckets_tracked). Fake tensors give --extrapolate its reason: a full-depth 8B rehearsal takes
-minutes per layer here, so 2 and 4 layers at full width are rehearsed and extrapolated (extrapolate).
+minutes per layer here, so 4 and 6 layers at full width are rehearsed and extrapolated (extrapolate).
 Where the roofline is far from a GPU: attention is faked SDPA (FLOPs counted as dense math, no
 flash-attention tiling), collectives cost nothing (RuntimeEstimator does not model communication), and
 tiny ops are bandwidth-bound, with no launch overhead: the rollout's many small steps come out fast.
@@ -66,6 +66,11 @@ SPLIT_NAMES = {"PARAM": "parameters (shards, gathered blocks)", "BUFFER": "buffe
                "ACT": "activations (forward outputs kept)", "TEMP": "temporaries (backward, sampler)",
                "OPT": "optimizer state", "OTH": "other (DDP gradient buckets)"}
 HEADROOM = 0.9  # a recipe fits when the tracker's peak is at most 90% of the device
+# The depths --extrapolate rehearses. Not 2: there the update's peak can be a forward moment (FSDP2's
+# gathered embeddings and head with the logits), which no deeper model peaks at; from 4 layers on it is
+# the backward's, each layer adding its kept activations. d1 under FSDP2 from 2 and 4 layers: 20.1 GB
+# (the rollout's line; the update's grew 0.25 GB a layer); from 4 and 6, the update's 0.59 GB a layer.
+EXTRAPOLATE_LAYERS = (4, 6)
 
 
 @dataclass(frozen=True)
@@ -776,55 +781,57 @@ def fit_advice(report: Rehearsal) -> list[str]:
 
 def rehearse_extrapolated(config: str | Path, overrides: list[str] | None = None, world_size: int = 8, *,
                           device: Device = DEVICE, check_fit: bool = True) -> Rehearsal:
-    """The recipe at its full depth from rehearsals at 2 and 4 layers (full width): a full-depth
+    """The recipe at its full depth from rehearsals at EXTRAPOLATE_LAYERS (full width): a full-depth
     rehearsal takes minutes per layer on a CPU. See extrapolate for why a line holds."""
     from ddrl.config import RLConfig, load_config
     from ddrl.training.memory import estimate_memory, shape_from_config
 
-    two, four = (rehearse(config, overrides, world_size, layers=n, device=device, check_fit=False) for n in (2, 4))
+    fewer, more = (rehearse(config, overrides, world_size, layers=n, device=device, check_fit=False)
+                   for n in EXTRAPOLATE_LAYERS)
     cfg = load_config(config, overrides, RLConfig)
     source, shape = family_source(cfg.model.path)
     name = "transformer/config.json" if (source / "transformer").is_dir() else "config.json"
     full = shape_from_config(sized_config(json.loads((source / name).read_text()), shape, None))
     width = cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS
-    report = extrapolate(two, four, full.n_layers, estimate_memory(cfg, full, world_size, prompt_tokens=width))
+    report = extrapolate(fewer, more, full.n_layers, estimate_memory(cfg, full, world_size, prompt_tokens=width))
     _write(report, Path(cfg.output_dir) / "rehearsal")
     if check_fit:
         require_fit(report)
     return report
 
 
-def extrapolate(two: Rehearsal, four: Rehearsal, layers: int, hand: Any) -> Rehearsal:
+def extrapolate(fewer: Rehearsal, more: Rehearsal, layers: int, hand: Any) -> Rehearsal:
     """`layers` layers from two rehearsals at the same width. Memory and time are linear in the layer
     count: each block adds its shards, its LoRA weights, gradients and AdamW state, its kept
     activations and its FLOPs; the embeddings, the logits and the sampler's state are the intercept.
-    So each figure is four's plus (layers - four.layers) / (four.layers - two.layers) increments. The
+    So each figure is more's plus (layers - more.layers) / (more.layers - fewer.layers) increments. The
     peak is the larger of two lines, the rollout's and the whole step's (the phase that peaks can
-    change with depth). Host syncs do not depend on depth: four's (the test checks two's are equal).
-    `hand`: the hand model's estimate at `layers` (a MemoryEstimate)."""
-    per = (layers - four.layers) / (four.layers - two.layers)
+    change with depth). A line holds only where both rehearsals peak at the same moment of the step
+    (EXTRAPOLATE_LAYERS says why not 2 layers). Host syncs do not depend on depth: more's (the test
+    checks two depths' are equal). `hand`: the hand model's estimate at `layers` (a MemoryEstimate)."""
+    per = (layers - more.layers) / (more.layers - fewer.layers)
 
     def line(a: float, b: float) -> float:
         return b + (b - a) * per
 
-    rollout = line(two.rollout_peak_bytes, four.rollout_peak_bytes)
-    peak = max(rollout, line(two.peak_bytes, four.peak_bytes))
-    rollout_split = {k: line(two.rollout_peak_split.get(k, 0.0), v) for k, v in four.rollout_peak_split.items()}
-    split = rollout_split if peak == rollout else {k: line(two.peak_split.get(k, 0.0), v)
-                                                   for k, v in four.peak_split.items()}
-    if any(v < 0 for v in split.values()):  # the peak's moment moved within the update between 2 and 4 layers
-        split = {"total (the split moves between 2 and 4 layers: see the rehearsals)": peak}
+    rollout = line(fewer.rollout_peak_bytes, more.rollout_peak_bytes)
+    peak = max(rollout, line(fewer.peak_bytes, more.peak_bytes))
+    rollout_split = {k: line(fewer.rollout_peak_split.get(k, 0.0), v) for k, v in more.rollout_peak_split.items()}
+    split = rollout_split if peak == rollout else {k: line(fewer.peak_split.get(k, 0.0), v)
+                                                   for k, v in more.peak_split.items()}
+    if any(v < 0 for v in split.values()):  # the peak's moment moved within the update between the two depths
+        split = {f"total (the split moves between {fewer.layers} and {more.layers} layers: see the rehearsals)": peak}
     hand_terms = {**hand.held, **{f"{hand.peak_phase}: {k}": v for k, v in hand.phases[hand.peak_phase].items()}}
-    return Rehearsal(config=four.config, world_size=four.world_size, layers=layers, strategy=four.strategy,
+    return Rehearsal(config=more.config, world_size=more.world_size, layers=layers, strategy=more.strategy,
                      peak_bytes=peak, peak_split=split, rollout_peak_bytes=rollout,
                      rollout_peak_split=rollout_split,
                      hand_total_bytes=hand.total,
-                     hand_terms=hand_terms, host_reads=four.host_reads,
-                     rollout_s=line(two.rollout_s, four.rollout_s), update_s=line(two.update_s, four.update_s),
-                     update_flops=line(two.update_flops, four.update_flops), tokens=four.tokens,
-                     device=four.device, settings=four.settings, optimizer_steps=four.optimizer_steps,
-                     optimizer_state_bytes=line(two.optimizer_state_bytes, four.optimizer_state_bytes),
-                     measured_layers=(two.layers, four.layers))
+                     hand_terms=hand_terms, host_reads=more.host_reads,
+                     rollout_s=line(fewer.rollout_s, more.rollout_s), update_s=line(fewer.update_s, more.update_s),
+                     update_flops=line(fewer.update_flops, more.update_flops), tokens=more.tokens,
+                     device=more.device, settings=more.settings, optimizer_steps=more.optimizer_steps,
+                     optimizer_state_bytes=line(fewer.optimizer_state_bytes, more.optimizer_state_bytes),
+                     measured_layers=(fewer.layers, more.layers))
 
 
 def _ddrl_frame_of(error: BaseException) -> str:
