@@ -15,20 +15,39 @@ PyTorch's own trackers measure it:
     syncs   every data-dependent read (.item(), .tolist(), bool(tensor), nonzero) that a real step makes
             the host wait for, counted by the call site that made it (HostReads).
 
-What differs from a GPU run, on purpose: the task is a stand-in (prompts of the recipe's prompt width,
-rewards 0, 1, 0, 1, ... so that every group has non-zero advantages), a data-dependent read returns a
-stand-in value (True, 1, and nonzero / x[mask] / unique = every element: the largest shape the real
-read can give), and the model's config.json is the family's shipped official-format one
-(tests/fixtures/<family>/) resized to the published sizes of ddrl.training.memory.PLACEHOLDER_SHAPES
-when model.path is a /path/to/... placeholder. The rank's tensors are fake CPU tensors (a CPU build of
-torch cannot make fake CUDA ones through Tensor.copy_ or FSDP2's streams): same shapes, dtypes and
-wrapping; AdamW is set to its CUDA default (foreach), and its step counters, host tensors on a GPU,
-are not counted as syncs. DDP runs with its all-reduce answered by a comm hook (see
-_ddp_buckets_tracked). Fake tensors give --extrapolate its reason: a full-depth 8B rehearsal takes
-minutes per layer here, so 4 and 6 layers at full width are rehearsed and extrapolated (extrapolate).
-Where the roofline is far from a GPU: attention is faked SDPA (FLOPs counted as dense math, no
-flash-attention tiling), collectives cost nothing (RuntimeEstimator does not model communication), and
-tiny ops are bandwidth-bound, with no launch overhead: the rollout's many small steps come out fast.
+What differs from a GPU run, on purpose, and what the rehearsal does so that memory reads as a GPU's:
+
+  the inputs    The task is a stand-in (prompts of the recipe's prompt width, rewards 0, 1, 0, 1, ...
+                so that every group has non-zero advantages). The model's config.json is the family's
+                shipped official-format one (tests/fixtures/<family>/) resized to the published sizes
+                of ddrl.training.memory.PLACEHOLDER_SHAPES when model.path is a /path/to/... placeholder.
+  data reads    Fake tensors hold no values: a data-dependent read returns a stand-in (HostReads):
+                True (False where a check refuses bad data), 1; nonzero, x[mask] and unique give every
+                element (the largest shape the real read can give: where a real step selects fewer, the
+                tracker is an upper bound); bincount gives balanced counts (MoE routing). Issue 33
+                checked the largest ratios against the hand model: none came from these stand-ins.
+  the step      The rehearsed step is a later step, not the first: it starts with the previous
+                update's gradients and AdamW's moments (_steady_state), which a rollout-peaked recipe
+                holds through its rollout on a GPU.
+  the device    The rank's tensors are fake CPU tensors (a CPU build of torch cannot make fake CUDA
+                ones through Tensor.copy_ or FSDP2's streams): same shapes, dtypes and wrapping; AdamW
+                is set to its CUDA default (foreach), and its step counters, host tensors on a GPU, are
+                not counted as syncs. Dropout runs as CUDA's fused native_dropout, which keeps a bool
+                mask for backward, not the CPU's mask of the input's dtype (cuda_dropout). DDP's
+                all-reduce is answered by a comm hook (_ddp_buckets_tracked).
+  the trackers  MemTracker, not FSDPMemTracker (which refuses a sampler's repeated calls); DTensor's
+                shape propagation, which runs ops on global-shape fake tensors in the fake mode it finds
+                (on a GPU its own, which MemTracker skips; here the rehearsal's), is left untracked;
+                under dist.cpu_offload the host's shards and AdamW state are left out of the device's
+                peak. FLOPs are counted without FlopCounterMode's module tracker, whose gradient hooks
+                kept every checkpointed block's recomputation alive (_flop_counter).
+  the depth     Fake tensors give --extrapolate its reason: a full-depth 8B rehearsal takes minutes per
+                layer here, so EXTRAPOLATE_LAYERS (4 and 6) at full width are rehearsed and extrapolated.
+  time          Where the roofline is far from a GPU: attention is faked SDPA (FLOPs counted as dense
+                math, no flash-attention tiling), collectives cost nothing (RuntimeEstimator does not
+                model communication), and tiny ops are bandwidth-bound, with no launch overhead: the
+                rollout's many small steps come out fast.
+Not modelled at all: the CUDA context, NCCL's buffers and the allocator's fragmentation (a few GB).
 """
 
 from __future__ import annotations
