@@ -1,10 +1,15 @@
 """Rehearse every paper recipe (configs/paper/**/*.yaml) at its real size on fake tensors: rank 0 of
 --world-size ranks (or, for a recipe whose prompt groups do not split over them, as gdsd's 20, the
-largest world size below that they do: the row says so), the trainer's own step (ddrl.training.rehearse), extrapolated to full depth from 2
-and 4 layers at full width (a full-depth rehearsal takes minutes per layer on a CPU). Writes a table to
-bench/RESULTS.md under a section marked as estimates.
+largest world size below that they do: the row says so), the trainer's own step (ddrl.training.rehearse),
+extrapolated to full depth from rehearsals at EXTRAPOLATE_LAYERS (4 and 6) at full width (a full-depth
+rehearsal takes minutes per layer on a CPU). Writes a table to bench/RESULTS.md under a section marked
+as estimates.
 
-    nice -n 10 python bench/rehearse_all.py [--world-size 8] [--only SUBSTRING ...] [--quick]
+    nice -n 10 python bench/rehearse_all.py [KEY=VALUE ...] [--world-size 8] [--only SUBSTRING ...] [--quick]
+
+KEY=VALUE: config overrides applied to every recipe, as `ddrl train CONFIG KEY=VALUE` takes them
+(e.g. `dist.strategy=fsdp dist.cpu_offload=true`); each row names them after the recipe. Give them
+before --only, which takes every word after it.
 
 --quick: 8 sampler steps (one per block) and 2 iterations of mu: neither changes a shape or the
 memory peak (the second iteration's backward already holds AdamW's state), only the roofline time,
@@ -26,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ddrl.training.memory import GB  # noqa: E402
-from ddrl.training.rehearse import DEVICE, HEADROOM, rehearse_extrapolated  # noqa: E402
+from ddrl.training.rehearse import DEVICE, EXTRAPOLATE_LAYERS, HEADROOM, rehearse_extrapolated  # noqa: E402
 
 SECTION = "## Issue 33: every paper recipe rehearsed at its real size (estimates (rehearsal on fake tensors, CPU))"
 HEADER = ("| recipe | world | strategy | tracker peak GB/rank | hand-model GB | tracker/hand | fits 141 GB -10% | "
@@ -38,11 +43,12 @@ def recipes(only: list[str]) -> list[Path]:
     return [p for p in paths if not only or any(s in str(p) for s in only)]
 
 
-def quick_overrides(config: Path) -> tuple[list[str], float, float]:
-    """(overrides, rollout time factor, update time factor) of --quick for this recipe."""
+def quick_overrides(config: Path, overrides: tuple[str, ...] = ()) -> tuple[list[str], float, float]:
+    """(overrides, rollout time factor, update time factor) of --quick for this recipe (with the
+    bench's own overrides)."""
     from ddrl.config import RLConfig, load_config
 
-    cfg = load_config(config, [], RLConfig)
+    cfg = load_config(config, list(overrides), RLConfig)
     r, t = cfg.rollout, cfg.train
     blocks = -(-r.gen_length // (r.block_length or r.gen_length))
     steps = max(blocks, 1)
@@ -51,24 +57,26 @@ def quick_overrides(config: Path) -> tuple[list[str], float, float]:
             (r.steps or steps) / steps, t.num_iterations / iterations)
 
 
-def recipe_world_size(config: Path, asked: int) -> tuple[int, str]:
+def recipe_world_size(config: Path, asked: int, overrides: tuple[str, ...] = ()) -> tuple[int, str]:
     """(world size, note): `asked`, or the largest that the recipe's prompt groups split over evenly
     (each process holds whole groups: train.prompts_per_step % world == 0), with a note saying why."""
     from ddrl.config import RLConfig, load_config
 
-    prompts = load_config(config, [], RLConfig).train.prompts_per_step
+    prompts = load_config(config, list(overrides), RLConfig).train.prompts_per_step
     world = max(n for n in range(1, asked + 1) if prompts % n == 0)
     note = "" if world == asked else f" ({prompts} prompt groups do not split over {asked}: the recipe's own {world})"
     return world, note
 
 
-def row(config: Path, asked_world_size: int, quick: bool) -> str:
-    name = str(config.relative_to(ROOT))
-    overrides, rollout_x, update_x = quick_overrides(config) if quick else ([], 1.0, 1.0)
-    world_size, note = recipe_world_size(config, asked_world_size)
+def row(config: Path, asked_world_size: int, quick: bool, overrides: tuple[str, ...] = ()) -> str:
+    """One table row: the recipe with `overrides` (the bench's KEY=VALUE words, named after it), then
+    --quick's own (computed from the overridden config, so that its time factors are that config's)."""
+    name = " ".join([str(config.relative_to(ROOT)), *overrides])
+    quick_words, rollout_x, update_x = quick_overrides(config, overrides) if quick else ([], 1.0, 1.0)
+    world_size, note = recipe_world_size(config, asked_world_size, overrides)
     try:
-        r = rehearse_extrapolated(config, [*overrides, "output_dir=/tmp/ddrl-rehearse-all"], world_size,
-                                  check_fit=False)
+        r = rehearse_extrapolated(config, [*overrides, *quick_words, "output_dir=/tmp/ddrl-rehearse-all"],
+                                  world_size, check_fit=False)
     except Exception as e:  # a failing recipe is a row of the table, not the end of the bench
         traceback.print_exc()
         first = (str(e).strip().splitlines() or [type(e).__name__])[-1][:160].replace("|", "/")
@@ -80,16 +88,30 @@ def row(config: Path, asked_world_size: int, quick: bool) -> str:
             f"{r.update_s * update_x:.1f} |")
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="config overrides for every recipe (e.g. dist.cpu_offload=true), before --only")
     p.add_argument("--world-size", type=int, default=8)
     p.add_argument("--only", nargs="*", default=[])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
-    args = p.parse_args()
-    intro = (f"\n{SECTION}\n\n`bench/rehearse_all.py{' --quick' if args.quick else ''}`: rank 0 of "
+    args = p.parse_args(argv)
+    if any("=" in s for s in args.only):
+        p.error(f"--only takes recipe path substrings, got {[s for s in args.only if '=' in s]}: put KEY=VALUE "
+                f"overrides before --only")
+    if any("=" not in s for s in args.overrides):
+        p.error(f"overrides are KEY=VALUE words, got {[s for s in args.overrides if '=' not in s]}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = " ".join(["bench/rehearse_all.py", *args.overrides, *(["--quick"] if args.quick else [])])
+    intro = (f"\n{SECTION}\n\n`{command}`: rank 0 of "
              f"{args.world_size} H200s, each recipe's own step on fake tensors, full width, memory "
-             f"extrapolated to full depth from rehearsals at 2 and 4 layers (MemTracker's peak; the hand model "
+             f"extrapolated to full depth from rehearsals at {' and '.join(map(str, EXTRAPOLATE_LAYERS))} layers "
+             f"(MemTracker's peak; the hand model "
              f"is ddrl.training.memory at full depth). Times: RuntimeEstimator's roofline (989 TFLOP/s bf16, "
              f"4.8 TB/s), no collectives, no launch overhead: a lower bound, not a prediction. Host syncs: "
              f"data-dependent reads per step, counted by call site (see `ddrl train CONFIG --rehearse`).\n\n"
@@ -98,7 +120,7 @@ def main() -> int:
         f.write(intro)
     for config in recipes(args.only):
         start = time.time()
-        line = row(config, args.world_size, args.quick)
+        line = row(config, args.world_size, args.quick, tuple(args.overrides))
         print(line, f"({time.time() - start:.0f} s on this CPU)", flush=True)
         with open(args.out, "a") as f:
             f.write(line + "\n")

@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=None,
                    help="with --rehearse: that many layers at full width (a quick, reduced rehearsal)")
     p.add_argument("--extrapolate", action="store_true",
-                   help="with --rehearse: rehearse 2 and 4 layers and extrapolate to the full depth (minutes, "
+                   help="with --rehearse: rehearse 4 and 6 layers and extrapolate to the full depth (minutes, "
                         "not the hour a full-depth rehearsal takes on a CPU)")
     p.add_argument("--world-size", dest="world_size", type=_positive(int), default=1,
                    help="with --dry-run or --rehearse: number of GPUs")

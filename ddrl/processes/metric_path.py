@@ -42,11 +42,15 @@ import torch
 from torch import Tensor
 
 from ddrl.processes.base import check_eligible, check_tokens
-from ddrl.processes.draws import sample_categorical, uniform_draw
+from ddrl.processes.draws import uniform_draw
 from ddrl.processes.uniform import ClassProcess
 from ddrl.registry import PROCESSES
 
 TRAIN_SIGMA_SPAN = 0.999  # sample_timesteps: sigma = 1 - 0.999 u, so s stays below 1
+# noise() draws this many [position, class] elements at a time (three float32 tensors of it alive):
+# UDM-GRPO's 3 re-noised copies of 16 rows x 1,024 codes over URSA's 131,072 classes were three
+# 25.8 GB tensors at once (issue 33: the rehearsal's 77 GB update peak); in chunks, 3 x 64 MB.
+NOISE_CHUNK_ELEMENTS = 2**24
 
 
 @PROCESSES.register("metric_path")
@@ -158,16 +162,31 @@ class MetricPathProcess(ClassProcess):
     def noise(self, x0: Tensor, t: Tensor, *, generator: torch.Generator,
               eligible: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """x_t ~ p_{1-t}(. | x0) at every eligible position of x0 [B, L] (full-vocabulary ids); t [B] or [B, L]
-        in ddrl time. Returns (xt, noised = eligible); other positions are copied."""
+        in ddrl time. Returns (xt, noised = eligible); other positions are copied.
+
+        One uniform per position from `generator`, drawn at once as sample_categorical draws them; the
+        path's [positions, N] probabilities are then made and inverted NOISE_CHUNK_ELEMENTS // N
+        positions at a time (each position's row is computed alone: the draws are the unchunked ones)."""
         check_tokens(x0)
         eligible = check_eligible(eligible, x0)
         self._check_classes(x0, eligible, "x0")
         s = 1 - self.token_times(t.to(x0.device), x0.shape)  # [B, L]
-        classes = (x0 - self.offset).clamp(0, self.num_classes - 1)
-        d = self.distances(classes)  # [B, L, N]
-        probs = torch.softmax(-self.beta(s).to(d)[..., None] * d, dim=-1)
-        drawn = self.offset + sample_categorical(probs, generator=generator)
-        return torch.where(eligible, drawn, x0), eligible
+        classes = (x0 - self.offset).clamp(0, self.num_classes - 1).reshape(-1)  # [B L]
+        emb = self._on(x0)
+        scale = -self.beta(s).to(device=emb.device, dtype=emb.dtype).reshape(-1, 1)  # [B L, 1]
+        u = uniform_draw(tuple(x0.shape) + (1,), generator=generator, device=emb.device,
+                         dtype=emb.dtype).reshape(-1, 1)  # [B, L, 1] as drawn (per-row generators), [B L, 1]
+        step = max(1, NOISE_CHUNK_ELEMENTS // self.num_classes)
+        drawn = torch.cat([self._invert(classes[a:a + step], scale[a:a + step], u[a:a + step])
+                           for a in range(0, classes.shape[0], step)])  # [B L]
+        return torch.where(eligible, self.offset + drawn.view(x0.shape).to(x0.device), x0), eligible
+
+    def _invert(self, classes: Tensor, scale: Tensor, u: Tensor) -> Tensor:
+        """Classes [n] drawn from softmax(scale d(., classes)) [n, N] by inverse CDF at uniforms u [n, 1]
+        (sample_categorical's arithmetic, the cdf made in place)."""
+        cdf = torch.softmax(scale * self.distances(classes), dim=-1).cumsum_(-1)  # [n, N]
+        idx = torch.searchsorted(cdf, (u * cdf[:, -1:]).contiguous(), right=True)
+        return idx.squeeze(-1).clamp_(max=self.num_classes - 1)
 
     def pretrain_loss(self, model: Any, x0: Tensor, eligible: Tensor, attention_mask: Tensor | None = None, *,
                       generator: torch.Generator, loss: str = "ce", eps: float = 1e-3,

@@ -40,6 +40,12 @@ under model.mixed_precision=bf16, else b)):
                    softmax(z) (8 N), z dropped before the velocity and the cdfs in place. Under guidance
                    the 2R rows' logits (2 N c + 8 N: c-dtype, then fp32) and then both halves and
                    c - u (12 N) are no more (ddrl.sampling.metric_path's Memory)
+                   Dream's sampler (rollout.name=dream) steps over the whole completion, W = L: R L V n
+                   with n = 2c + 24 under top-p (the logits and their masked rows' copy, then fp32
+                   tempered logits, their sort's fp32 values and int64 order, its softmax and cumsum),
+                   else 2c + 20 at temperature > 0 (fp32 probs, their float64 copy and its cumsum for
+                   the inverse-CDF draw), max(2c + 9, c + 12) at temperature 0 (_dream_step_bytes;
+                   the rehearsal measures 28 bytes with coupled_grpo's top-p, bf16: 2c + 24)
                    + the trajectory recorder, R W S_b V 4: fp32 probabilities of every step of a block
                      (methods that read token probabilities: DPS; TraceRL records commit order only;
                      an image model's samplers record over the N codes, R W S N 4)
@@ -57,6 +63,10 @@ under model.mixed_precision=bf16, else b)):
                        head_dim. A frozen base linear keeps no input. Measured, not guessed: the
                        rehearsal's tracker gives LLaDA-8B with d1's LoRA 23.6 units of T d c per block,
                        this 23 (tests/unit/test_memory_model.py)
+                     + the backward of one block: 5 f c per token beyond a (the rehearsal's tracker at
+                     the update's peak, LLaDA-8B and URSA alike: the block's recomputed up projection and
+                     7 [T, f] temporaries of SiLU's backward and the gated product's gradients, 8 f c,
+                     where a counts 3)
                      + the final hidden states T d c and one chunk of 2**24 logits (c + 12 bytes
                      each): log p(target) is computed chunk by chunk, no [T, V] logits
                      (ddrl.ops.logprobs)
@@ -104,6 +114,7 @@ DEFAULT_PROMPT_TOKENS = 256  # a chat-formatted math/code prompt, when rollout.m
 LOGPROB_CHUNK_ELEMENTS = 2**24  # ddrl.ops.logprobs.CHUNK_ELEMENTS: logits alive at once when scoring
 RMSNORM_BYTES = 4  # an RMSNorm normalises in float32 and keeps its float32 input for backward (LLaDA, Qwen)
 RECORDER_BYTES = 4  # a full trajectory record keeps float32 [B, W, V] per step of a block (DPS)
+BACKWARD_FFN_TEMPORARIES = 5  # [tokens, f] tensors a block's backward adds to its activations (module doc)
 METRIC_PATH_FP32_TENSORS = 3  # fp32 [R, W, N] tensors a metric_path sampler step holds at most (module doc)
 
 
@@ -440,6 +451,8 @@ def _rollout_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strateg
         terms["block logits + fp32 temporaries"] = R * W * METRIC_PATH_FP32_TENSORS * N * 4
     elif codes:  # emerge / maskgit: codebook logits only, then the step's draw (module doc)
         terms["block logits + fp32 temporaries"] = R * W * _image_step_bytes(r, V, N, c)
+    elif r.name == "dream":  # one step over the whole completion: every position's logits, then the draw
+        terms["block logits + fp32 temporaries"] = R * r.gen_length * V * _dream_step_bytes(r, c)
     else:
         after = R * W * V * (c + 12)  # guided logits + fp32 temporaries
         terms["block logits + fp32 temporaries"] = max(after, R * W * V * 4 * c) if r.cfg_scale > 0 else after
@@ -448,6 +461,19 @@ def _rollout_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strateg
         width = N if codes else shape.vocab  # an image model's samplers record softmax over the N codes per step
         terms["trajectory recorder"] = R * W * steps_per_block * width * RECORDER_BYTES
     return terms
+
+
+def _dream_step_bytes(r: Any, c: int) -> int:
+    """Bytes per completion slot and vocabulary id that Dream's sampler holds at a step's peak (module
+    doc; ddrl.sampling.dream _denoise and filtered_probs): the step's logits and the copy of their
+    masked rows (2c, both alive through the draw), then the fp32 tempered logits and, under top-p,
+    their sort (fp32 values, int64 order) with its softmax and cumulative sum (4 + 12 + 8); else the
+    inverse-CDF draw's fp32 probabilities, their float64 copy and its cumulative sum (4 + 16); at
+    temperature 0 the larger of the fp32 logits, top-k's bool mask and the filtered copy (2c + 4 + 1 +
+    4) and the entropy confidence after the masked copy is freed (c + 3 x 4: p, p + eps, its log)."""
+    if r.top_p is not None and r.top_p < 1:
+        return 2 * c + 24
+    return 2 * c + 20 if r.temperature > 0 else max(2 * c + 9, c + 12)
 
 
 def _image_step_bytes(r: Any, V: int, N: int, c: int) -> int:
@@ -479,6 +505,9 @@ def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy
         terms["activations (checkpointed)"] = tokens * L * d * c + block
     else:
         terms["activations"] = L * block
+    # the block being back-propagated: SiLU's backward and the gated product's gradients, 7 [tokens, f]
+    # tensors alive at once beside the block's 1 kept (recomputed) one; a counts 3 (module doc)
+    terms["one block's backward temporaries"] = tokens * BACKWARD_FFN_TEMPORARIES * shape.active_ffn * c
     # log p(target) from the final hidden states, the LM head chunk by chunk (ddrl.ops.logprobs)
     chunk = min(LOGPROB_CHUNK_ELEMENTS, tokens * shape.vocab)
     terms["final hidden + one logits chunk"] = tokens * d * c + chunk * (c + 12)

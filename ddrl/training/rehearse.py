@@ -15,20 +15,39 @@ PyTorch's own trackers measure it:
     syncs   every data-dependent read (.item(), .tolist(), bool(tensor), nonzero) that a real step makes
             the host wait for, counted by the call site that made it (HostReads).
 
-What differs from a GPU run, on purpose: the task is a stand-in (prompts of the recipe's prompt width,
-rewards 0, 1, 0, 1, ... so that every group has non-zero advantages), a data-dependent read returns a
-stand-in value (True, 1, and nonzero / x[mask] / unique = every element: the largest shape the real
-read can give), and the model's config.json is the family's shipped official-format one
-(tests/fixtures/<family>/) resized to the published sizes of ddrl.training.memory.PLACEHOLDER_SHAPES
-when model.path is a /path/to/... placeholder. The rank's tensors are fake CPU tensors (a CPU build of
-torch cannot make fake CUDA ones through Tensor.copy_ or FSDP2's streams): same shapes, dtypes and
-wrapping; AdamW is set to its CUDA default (foreach), and its step counters, host tensors on a GPU,
-are not counted as syncs. DDP runs with its all-reduce answered by a comm hook (see
-_ddp_buckets_tracked). Fake tensors give --extrapolate its reason: a full-depth 8B rehearsal takes
-minutes per layer here, so 2 and 4 layers at full width are rehearsed and extrapolated (extrapolate).
-Where the roofline is far from a GPU: attention is faked SDPA (FLOPs counted as dense math, no
-flash-attention tiling), collectives cost nothing (RuntimeEstimator does not model communication), and
-tiny ops are bandwidth-bound, with no launch overhead: the rollout's many small steps come out fast.
+What differs from a GPU run, on purpose, and what the rehearsal does so that memory reads as a GPU's:
+
+  the inputs    The task is a stand-in (prompts of the recipe's prompt width, rewards 0, 1, 0, 1, ...
+                so that every group has non-zero advantages). The model's config.json is the family's
+                shipped official-format one (tests/fixtures/<family>/) resized to the published sizes
+                of ddrl.training.memory.PLACEHOLDER_SHAPES when model.path is a /path/to/... placeholder.
+  data reads    Fake tensors hold no values: a data-dependent read returns a stand-in (HostReads):
+                True (False where a check refuses bad data), 1; nonzero, x[mask] and unique give every
+                element (the largest shape the real read can give: where a real step selects fewer, the
+                tracker is an upper bound); bincount gives balanced counts (MoE routing). Issue 33
+                checked the largest ratios against the hand model: none came from these stand-ins.
+  the step      The rehearsed step is a later step, not the first: it starts with the previous
+                update's gradients and AdamW's moments (_steady_state), which a rollout-peaked recipe
+                holds through its rollout on a GPU.
+  the device    The rank's tensors are fake CPU tensors (a CPU build of torch cannot make fake CUDA
+                ones through Tensor.copy_ or FSDP2's streams): same shapes, dtypes and wrapping; AdamW
+                is set to its CUDA default (foreach), and its step counters, host tensors on a GPU, are
+                not counted as syncs. Dropout runs as CUDA's fused native_dropout, which keeps a bool
+                mask for backward, not the CPU's mask of the input's dtype (cuda_dropout). DDP's
+                all-reduce is answered by a comm hook (_ddp_buckets_tracked).
+  the trackers  MemTracker, not FSDPMemTracker (which refuses a sampler's repeated calls); DTensor's
+                shape propagation, which runs ops on global-shape fake tensors in the fake mode it finds
+                (on a GPU its own, which MemTracker skips; here the rehearsal's), is left untracked;
+                under dist.cpu_offload the host's shards and AdamW state are left out of the device's
+                peak. FLOPs are counted without FlopCounterMode's module tracker, whose gradient hooks
+                kept every checkpointed block's recomputation alive (_flop_counter).
+  the depth     Fake tensors give --extrapolate its reason: a full-depth 8B rehearsal takes minutes per
+                layer here, so EXTRAPOLATE_LAYERS (4 and 6) at full width are rehearsed and extrapolated.
+  time          Where the roofline is far from a GPU: attention is faked SDPA (FLOPs counted as dense
+                math, no flash-attention tiling), collectives cost nothing (RuntimeEstimator does not
+                model communication), and tiny ops are bandwidth-bound, with no launch overhead: the
+                rollout's many small steps come out fast.
+Not modelled at all: the CUDA context, NCCL's buffers and the allocator's fragmentation (a few GB).
 """
 
 from __future__ import annotations
@@ -66,6 +85,11 @@ SPLIT_NAMES = {"PARAM": "parameters (shards, gathered blocks)", "BUFFER": "buffe
                "ACT": "activations (forward outputs kept)", "TEMP": "temporaries (backward, sampler)",
                "OPT": "optimizer state", "OTH": "other (DDP gradient buckets)"}
 HEADROOM = 0.9  # a recipe fits when the tracker's peak is at most 90% of the device
+# The depths --extrapolate rehearses. Not 2: there the update's peak can be a forward moment (FSDP2's
+# gathered embeddings and head with the logits), which no deeper model peaks at; from 4 layers on it is
+# the backward's, each layer adding its kept activations. d1 under FSDP2 from 2 and 4 layers: 20.1 GB
+# (the rollout's line; the update's grew 0.25 GB a layer); from 4 and 6, the update's 0.59 GB a layer.
+EXTRAPOLATE_LAYERS = (4, 6)
 
 
 @dataclass(frozen=True)
@@ -683,6 +707,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
         converter.tensor_memo = weakref.WeakValueDictionary(converter.tensor_memo)
         for group in trainer.opt.param_groups:  # AdamW's default on CUDA tensors (CPU ones default to the loop)
             group["foreach"] = True
+        _steady_state(trainer)
         tracker = _memory_tracker(trainer)
         if isinstance(trainer.wrapped, torch.nn.parallel.DistributedDataParallel):
             _ddp_buckets_tracked(trainer.wrapped, tracker)
@@ -775,55 +800,57 @@ def fit_advice(report: Rehearsal) -> list[str]:
 
 def rehearse_extrapolated(config: str | Path, overrides: list[str] | None = None, world_size: int = 8, *,
                           device: Device = DEVICE, check_fit: bool = True) -> Rehearsal:
-    """The recipe at its full depth from rehearsals at 2 and 4 layers (full width): a full-depth
+    """The recipe at its full depth from rehearsals at EXTRAPOLATE_LAYERS (full width): a full-depth
     rehearsal takes minutes per layer on a CPU. See extrapolate for why a line holds."""
     from ddrl.config import RLConfig, load_config
     from ddrl.training.memory import estimate_memory, shape_from_config
 
-    two, four = (rehearse(config, overrides, world_size, layers=n, device=device, check_fit=False) for n in (2, 4))
+    fewer, more = (rehearse(config, overrides, world_size, layers=n, device=device, check_fit=False)
+                   for n in EXTRAPOLATE_LAYERS)
     cfg = load_config(config, overrides, RLConfig)
     source, shape = family_source(cfg.model.path)
     name = "transformer/config.json" if (source / "transformer").is_dir() else "config.json"
     full = shape_from_config(sized_config(json.loads((source / name).read_text()), shape, None))
     width = cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS
-    report = extrapolate(two, four, full.n_layers, estimate_memory(cfg, full, world_size, prompt_tokens=width))
+    report = extrapolate(fewer, more, full.n_layers, estimate_memory(cfg, full, world_size, prompt_tokens=width))
     _write(report, Path(cfg.output_dir) / "rehearsal")
     if check_fit:
         require_fit(report)
     return report
 
 
-def extrapolate(two: Rehearsal, four: Rehearsal, layers: int, hand: Any) -> Rehearsal:
+def extrapolate(fewer: Rehearsal, more: Rehearsal, layers: int, hand: Any) -> Rehearsal:
     """`layers` layers from two rehearsals at the same width. Memory and time are linear in the layer
     count: each block adds its shards, its LoRA weights, gradients and AdamW state, its kept
     activations and its FLOPs; the embeddings, the logits and the sampler's state are the intercept.
-    So each figure is four's plus (layers - four.layers) / (four.layers - two.layers) increments. The
+    So each figure is more's plus (layers - more.layers) / (more.layers - fewer.layers) increments. The
     peak is the larger of two lines, the rollout's and the whole step's (the phase that peaks can
-    change with depth). Host syncs do not depend on depth: four's (the test checks two's are equal).
-    `hand`: the hand model's estimate at `layers` (a MemoryEstimate)."""
-    per = (layers - four.layers) / (four.layers - two.layers)
+    change with depth). A line holds only where both rehearsals peak at the same moment of the step
+    (EXTRAPOLATE_LAYERS says why not 2 layers). Host syncs do not depend on depth: more's (the test
+    checks two depths' are equal). `hand`: the hand model's estimate at `layers` (a MemoryEstimate)."""
+    per = (layers - more.layers) / (more.layers - fewer.layers)
 
     def line(a: float, b: float) -> float:
         return b + (b - a) * per
 
-    rollout = line(two.rollout_peak_bytes, four.rollout_peak_bytes)
-    peak = max(rollout, line(two.peak_bytes, four.peak_bytes))
-    rollout_split = {k: line(two.rollout_peak_split.get(k, 0.0), v) for k, v in four.rollout_peak_split.items()}
-    split = rollout_split if peak == rollout else {k: line(two.peak_split.get(k, 0.0), v)
-                                                   for k, v in four.peak_split.items()}
-    if any(v < 0 for v in split.values()):  # the peak's moment moved within the update between 2 and 4 layers
-        split = {"total (the split moves between 2 and 4 layers: see the rehearsals)": peak}
+    rollout = line(fewer.rollout_peak_bytes, more.rollout_peak_bytes)
+    peak = max(rollout, line(fewer.peak_bytes, more.peak_bytes))
+    rollout_split = {k: line(fewer.rollout_peak_split.get(k, 0.0), v) for k, v in more.rollout_peak_split.items()}
+    split = rollout_split if peak == rollout else {k: line(fewer.peak_split.get(k, 0.0), v)
+                                                   for k, v in more.peak_split.items()}
+    if any(v < 0 for v in split.values()):  # the peak's moment moved within the update between the two depths
+        split = {f"total (the split moves between {fewer.layers} and {more.layers} layers: see the rehearsals)": peak}
     hand_terms = {**hand.held, **{f"{hand.peak_phase}: {k}": v for k, v in hand.phases[hand.peak_phase].items()}}
-    return Rehearsal(config=four.config, world_size=four.world_size, layers=layers, strategy=four.strategy,
+    return Rehearsal(config=more.config, world_size=more.world_size, layers=layers, strategy=more.strategy,
                      peak_bytes=peak, peak_split=split, rollout_peak_bytes=rollout,
                      rollout_peak_split=rollout_split,
                      hand_total_bytes=hand.total,
-                     hand_terms=hand_terms, host_reads=four.host_reads,
-                     rollout_s=line(two.rollout_s, four.rollout_s), update_s=line(two.update_s, four.update_s),
-                     update_flops=line(two.update_flops, four.update_flops), tokens=four.tokens,
-                     device=four.device, settings=four.settings, optimizer_steps=four.optimizer_steps,
-                     optimizer_state_bytes=line(two.optimizer_state_bytes, four.optimizer_state_bytes),
-                     measured_layers=(two.layers, four.layers))
+                     hand_terms=hand_terms, host_reads=more.host_reads,
+                     rollout_s=line(fewer.rollout_s, more.rollout_s), update_s=line(fewer.update_s, more.update_s),
+                     update_flops=line(fewer.update_flops, more.update_flops), tokens=more.tokens,
+                     device=more.device, settings=more.settings, optimizer_steps=more.optimizer_steps,
+                     optimizer_state_bytes=line(fewer.optimizer_state_bytes, more.optimizer_state_bytes),
+                     measured_layers=(fewer.layers, more.layers))
 
 
 def _ddrl_frame_of(error: BaseException) -> str:
@@ -832,6 +859,22 @@ def _ddrl_frame_of(error: BaseException) -> str:
               if f.filename.startswith(root) and not f.filename.endswith("rehearse.py")]
     return (f"{Path(frames[-1].filename).relative_to(Path(root).parent)}:{frames[-1].lineno} {frames[-1].name}"
             if frames else "unknown")
+
+
+def _steady_state(trainer: Any) -> None:
+    """What every step after the first starts with, made before the tracker starts: each trainable
+    parameter's gradient (the previous update's: the trainer frees it at the next update's zero_grad,
+    so it is alive through the rollout) and AdamW's moments (made at its first step). Without them a
+    rehearsed first step is a step no GPU repeats: a recipe whose peak is the rollout (FSDP2's gathered
+    weights under full fine-tuning) measured low by gradients + AdamW state, 3 P_t 4 / N (coupled_grpo:
+    11.4 GB). Made by one AdamW step on zero gradients: fake tensors, no value changes; the trainer's
+    own count of optimizer steps is not touched. With dist.cpu_offload both live in host memory: none."""
+    if trainer.cfg.dist.cpu_offload:
+        return
+    for group in trainer.opt.param_groups:
+        for p in group["params"]:
+            p.grad = torch.zeros_like(p)
+    trainer.opt.step()
 
 
 def _memory_tracker(trainer: Any) -> Any:
@@ -883,6 +926,43 @@ def step_memory_tracker(*tracked: Any) -> Any:
                 super()._post_bw_hook(module, args)
 
         host_bytes = 0  # with dist.cpu_offload: the parameter shards' bytes (host memory, not the GPU's)
+        propagating = 0  # inside DTensor's sharding propagation (below)
+
+        def __enter__(self) -> Any:
+            """DTensor works out an op's output shape by running it on fake tensors of the global shape
+            (ShardingPropagator._propagate_tensor_meta_non_cached), in the fake mode it finds active. On
+            a GPU that is a FakeTensorMode of its own, which MemTracker skips; here it is the rehearsal's,
+            so MemTracker counted those global-shape stand-ins as allocations. AdamW's foreach ops over
+            FSDP2's DTensor shards made N full-size copies of the trainable weights per list of
+            arguments (coupled_grpo: 21 GB of "optimizer state" at 2 layers, 0.8 GB of shards each).
+            Ops made inside it are left untracked."""
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+            propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+            tracker = self
+
+            def untracked(propagator: Any, op_schema: Any) -> Any:
+                tracker.propagating += 1
+                try:
+                    return propagate(propagator, op_schema)
+                finally:
+                    tracker.propagating -= 1
+
+            self._propagation_patch = mock.patch.object(ShardingPropagator, "_propagate_tensor_meta_non_cached",
+                                                        untracked)
+            self._propagation_patch.start()
+            return super().__enter__()
+
+        def __exit__(self, *args: Any) -> None:
+            try:
+                super().__exit__(*args)
+            finally:
+                self._propagation_patch.stop()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if self.propagating:
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             """The device's peak only. MemTracker also updates the local peak of every module it has met

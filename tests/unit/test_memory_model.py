@@ -391,6 +391,33 @@ def test_image_sampler_estimate_matches_what_the_sampler_allocates(tmp_path, wor
     assert logits <= live.peak <= logits + layer, (live.peak, logits, layer)  # the layer's transient: at most its term
 
 
+@pytest.mark.parametrize("top_p, top_k, temperature", [(0.95, 50, 1.0), (None, 50, 1.0), (None, 50, 0.0)],
+                         ids=["top-p", "sampled", "greedy"])
+def test_dream_step_estimate_matches_what_the_sampler_allocates(top_p, top_k, temperature):
+    """Dream's sampler steps over the whole completion; the estimate's bytes per slot and id against what
+    its step really keeps alive (4 rows x 64 slots x 4,000 ids, bf16 logits handed in as the model would,
+    the vocabulary limited as for Dream's padded one). Measured: 28.0 (top-p), 24.0 (sampled), 14.0
+    (greedy); the term was (c + 12) = 14 for every sampler before, and the rehearsal of coupled_grpo
+    measured 28 (issue 33)."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    import torch
+
+    import ddrl.sampling.dream as dream
+    from ddrl.training.memory import _dream_step_bytes
+
+    B, L, V = 4, 64, 4000
+    settings = dream.DreamSettings(steps=3, alg="entropy", alg_temp=None, temperature=temperature, top_p=top_p,
+                                   top_k=top_k, eps=1e-3, vocab_limit=V - 100, mask_id=V - 1)
+    logits = lambda *a, **k: torch.randn(B, L, V, dtype=torch.bfloat16)  # noqa: E731  (the model call's [B, L, V])
+    with mock.patch.object(dream, "completion_logits", logits), torch.no_grad(), _LiveBytes() as live:
+        dream._denoise(None, torch.zeros(B, 8, dtype=torch.long), None, settings, L,
+                       torch.Generator().manual_seed(0), False)
+    per_slot = _dream_step_bytes(SimpleNamespace(top_p=top_p, temperature=temperature), 2)
+    assert per_slot <= live.peak / (B * L * V) <= per_slot * 1.01, (live.peak / (B * L * V), per_slot)
+
+
 def test_update_counts_every_copy_an_estimator_batches_and_whole_group_micro_batches():
     """Copies in one forward and backward: udm's 3 grid states, fpo_elbo's 4 samples, stratified's 4
     strata, coupled_three_pass's 3 passes, a coupled pair per MC draw; and a micro-batch below a

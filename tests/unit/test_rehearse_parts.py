@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -156,12 +157,52 @@ def test_a_check_that_refuses_bad_data_is_answered_as_passing(tmp_path):
     assert sum(p.numel() for p in decoder.parameters()) > 30e6  # MAGVIT-v2's decoder: ~40M parameters
 
 
-def test_bench_picks_the_recipes_own_world_size():
+def _bench():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("rehearse_all", "bench/rehearse_all.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_picks_the_recipes_own_world_size():
+    bench = _bench()
     world, note = bench.recipe_world_size(Path("configs/paper/gdsd_llada8b.yaml"), 8)
     assert world == 5 and "20 prompt groups do not split over 8" in note
     assert bench.recipe_world_size(Path("configs/paper/diffu_grpo_llada8b.yaml"), 8) == (8, "")
+
+    # the bench's overrides reach the prompt count it splits over ranks
+    assert bench.recipe_world_size(Path("configs/paper/diffu_grpo_llada8b.yaml"), 8, ("train.prompts_per_step=6",)) \
+        == (6, " (6 prompt groups do not split over 8: the recipe's own 6)")
+
+
+def test_bench_passes_its_overrides_to_every_rehearsal(tmp_path, monkeypatch):
+    """`bench/rehearse_all.py dist.strategy=fsdp dist.cpu_offload=true --quick --only ...`: each recipe is
+    rehearsed with the overrides (then --quick's, computed from the overridden config), and its row
+    and the section's command name them. The rehearsal itself is stood in: only the plumbing is tested."""
+    from ddrl.training.rehearse import Rehearsal
+
+    bench, asked = _bench(), []
+
+    def rehearsed(config, overrides, world_size, check_fit):
+        asked.append((Path(config).name, list(overrides), world_size))
+        return Rehearsal(config=str(config), world_size=world_size, layers=32, strategy="fsdp", peak_bytes=30e9,
+                         peak_split={}, rollout_peak_bytes=20e9, rollout_peak_split={}, hand_total_bytes=25e9,
+                         hand_terms={}, host_reads={"item at x": 2}, rollout_s=1.0, update_s=2.0, update_flops=1.0,
+                         tokens=1)
+
+    monkeypatch.setattr(bench, "rehearse_extrapolated", rehearsed)
+    out = tmp_path / "RESULTS.md"
+    words = ["dist.strategy=fsdp", "dist.cpu_offload=true", "rollout.gen_length=128"]
+    assert bench.main([*words, "--quick", "--only", "diffu_grpo_llada8b", "--out", str(out)]) == 0
+    (name, overrides, world), = asked
+    assert name == "diffu_grpo_llada8b.yaml" and world == 8
+    # the bench's words first, then --quick's: one sampler step per block of the overridden 128 tokens
+    assert overrides[:3] == words and "rollout.steps=4" in overrides[3:]
+    text = out.read_text()
+    assert "`bench/rehearse_all.py dist.strategy=fsdp dist.cpu_offload=true rollout.gen_length=128 --quick`" in text
+    assert "| configs/paper/diffu_grpo_llada8b.yaml dist.strategy=fsdp dist.cpu_offload=true rollout.gen_length=128 " \
+           "| 8 | fsdp | 30.0 | 25.0 | 1.20 |" in text
+    with pytest.raises(SystemExit):  # an override given after --only would be read as a recipe substring
+        bench.parse_args(["--only", "d1", "dist.cpu_offload=true"])

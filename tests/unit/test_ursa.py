@@ -195,6 +195,29 @@ def test_process_noise_draws_from_the_path(model):
     assert not isinstance(process, (ScheduledProcess, UniformProcess))
 
 
+def test_process_noise_in_chunks_draws_what_one_pass_draws(monkeypatch):
+    """noise() makes the path's [positions, N] probabilities a chunk of positions at a time (issue 33:
+    UDM-GRPO's re-noised copies over URSA's 131,072 codes were three 25.8 GB tensors at once); the
+    draws are those of one pass over every position (sample_categorical over [B, L, N]), down to
+    chunks of one position."""
+    import ddrl.processes.metric_path as metric_path
+    from ddrl.processes.draws import sample_categorical
+
+    torch.manual_seed(0)
+    classes, offset = 1000, 10
+    process = metric_path.MetricPathProcess(classes, offset, codebook=torch.randn(classes, 8))
+    x0, t = offset + torch.randint(classes, (3, 50)), torch.rand(3)
+    d = process.distances(x0 - offset)  # [B, L, N]
+    s = 1 - process.token_times(t, x0.shape)
+    one_pass = offset + sample_categorical(torch.softmax(-process.beta(s).to(d)[..., None] * d, dim=-1),
+                                           generator=torch.Generator().manual_seed(3))
+    for chunk in (metric_path.NOISE_CHUNK_ELEMENTS, 7 * classes, classes):
+        monkeypatch.setattr(metric_path, "NOISE_CHUNK_ELEMENTS", chunk)
+        xt, _ = process.noise(x0, t, generator=torch.Generator().manual_seed(3))
+        assert torch.equal(xt, one_pass), chunk
+    assert float((xt != x0).float().mean()) > 0.5  # it noised
+
+
 def test_sampler_generates_codes_with_explicit_generator(model):
     from ddrl.config import SamplerConfig
 
