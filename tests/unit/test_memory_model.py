@@ -362,7 +362,6 @@ def test_image_sampler_estimate_matches_what_the_sampler_allocates(tmp_path, wor
     import torch
 
     import ddrl.sampling  # noqa: F401  (registers the samplers)
-    from ddrl.config import SamplerConfig
     from ddrl.data import encode_prompts
     from ddrl.registry import SAMPLERS
     from tests.fixtures.make_mmada_t2i_seeded import magvit_dir
