@@ -407,8 +407,8 @@ def test_dream_step_estimate_matches_what_the_sampler_allocates(top_p, top_k, te
     from ddrl.training.memory import _dream_step_bytes
 
     B, L, V = 4, 64, 4000
-    settings = dream.DreamSettings(steps=3, alg="entropy", alg_temp=None, temperature=temperature, top_p=top_p,
-                                   top_k=top_k, eps=1e-3, vocab_limit=V - 100, mask_id=V - 1)
+    settings = dream.DreamRun(steps=3, alg="entropy", alg_temp=None, temperature=temperature, top_p=top_p,
+                              top_k=top_k, eps=1e-3, vocab_limit=V - 100, mask_id=V - 1)
     logits = lambda *a, **k: torch.randn(B, L, V, dtype=torch.bfloat16)  # noqa: E731  (the model call's [B, L, V])
     with mock.patch.object(dream, "completion_logits", logits), torch.no_grad(), _LiveBytes() as live:
         dream._denoise(None, torch.zeros(B, 8, dtype=torch.long), None, settings, L,
