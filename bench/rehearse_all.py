@@ -65,6 +65,14 @@ def recipe_steps(config: Path, overrides: tuple[str, ...] = ()) -> int | None:
     return load_config(config, list(overrides), RLConfig).rollout.steps
 
 
+def has_rows(config: Path, overrides: tuple[str, ...] = ()) -> bool:
+    """Whether the recipe cuts its estimator's own rows (train.micro_batch_rows: TraceRL, UniGRPO), whose
+    rehearsal --quick makes one optimizer step's share long (rehearse's one_share)."""
+    from ddrl.config import RLConfig, load_config
+
+    return bool(load_config(config, list(overrides), RLConfig).train.micro_batch_rows)
+
+
 def recipe_world_size(config: Path, asked: int, overrides: tuple[str, ...] = ()) -> tuple[int, str]:
     """(world size, note): `asked`, or the largest that the recipe's prompt groups split over evenly
     (each process holds whole groups: train.prompts_per_step % world == 0), with a note saying why."""
@@ -84,7 +92,8 @@ def row(config: Path, asked_world_size: int, quick: bool, overrides: tuple[str, 
     world_size, note = recipe_world_size(config, asked_world_size, overrides)
     try:
         r = rehearse_extrapolated(config, [*overrides, *quick_words, "output_dir=/tmp/ddrl-rehearse-all"],
-                                  world_size, check_fit=False, recipe_steps=recipe_steps(config, overrides))
+                                  world_size, check_fit=False, recipe_steps=recipe_steps(config, overrides),
+                                  one_share=quick and has_rows(config, overrides))
     except Exception as e:  # a failing recipe is a row of the table, not the end of the bench
         traceback.print_exc()
         first = (str(e).strip().splitlines() or [type(e).__name__])[-1][:160].replace("|", "/")

@@ -677,7 +677,7 @@ class FakeTensorUnsupported(RuntimeError):
 
 def rehearse(config: str | Path, overrides: list[str] | None = None, world_size: int = 8, *,
              layers: int | None = None, device: Device = DEVICE, check_fit: bool = True,
-             recipe_steps: int | None = None) -> Rehearsal:
+             recipe_steps: int | None = None, one_share: bool = False) -> Rehearsal:
     """One step of the recipe at its real size (or `layers` layers) on rank 0 of world_size fake ranks;
     the report is written to the run directory (output_dir/rehearsal/rehearsal.json)."""
     import torch.distributed as dist
@@ -701,7 +701,8 @@ def rehearse(config: str | Path, overrides: list[str] | None = None, world_size:
             directory, shape = sized_model_dir(cfg.model.path, layers, Path(tmp))
             if cfg.model.vq_path is not None and not Path(cfg.model.vq_path).is_dir():
                 cfg.model.vq_path = str(stand_in_vq_dir(Path(tmp)))
-            return _rehearse(cfg, str(config), directory, shape, world_size, device, check_fit, recipe_steps)
+            return _rehearse(cfg, str(config), directory, shape, world_size, device, check_fit, recipe_steps,
+                             one_share)
     finally:
         dist.destroy_process_group()
         for k, v in saved.items():
@@ -709,7 +710,7 @@ def rehearse(config: str | Path, overrides: list[str] | None = None, world_size:
 
 
 def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_size: int, device: Device,
-              check_fit: bool, recipe_steps: int | None = None) -> Rehearsal:
+              check_fit: bool, recipe_steps: int | None = None, one_share: bool = False) -> Rehearsal:
     from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
                                                FakeTensorMode, UnsupportedOperatorException)
 
@@ -756,6 +757,8 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
         est = stack.enter_context(roofline(device))
         stack.enter_context(tracker)
         _mark_phases(trainer, est, tracker, cuda, phases)
+        if one_share:
+            _one_share(trainer)
         reads.counting = True
         try:
             trainer.train_step(1)
@@ -776,7 +779,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
                        rollout_peak_bytes=phases.get("rollout_peak", 0.0),
                        rollout_peak_split=phases.get("rollout_split", {}), hand_total_bytes=hand.total,
                        hand_terms=hand_terms, host_reads=dict(reads.sites), rollout_s=phases.get("rollout", 0.0),
-                       update_s=phases.get("update", 0.0), update_flops=phases.get("update_flops", 0.0),
+                       update_s=phases.get("update", 0.0) * (t.minibatches if one_share else 1), update_flops=phases.get("update_flops", 0.0),
                        tokens=rows * cfg.rollout.gen_length, device=device, optimizer_steps=trainer.optimizer_steps,
                        settings={"strategy": trainer.strategy, "cpu_offload": cfg.dist.cpu_offload,
                                  "lora_rank": cfg.model.lora.rank, "micro_batch_size": t.micro_batch_size,
@@ -841,14 +844,14 @@ def fit_advice(report: Rehearsal) -> list[str]:
 
 def rehearse_extrapolated(config: str | Path, overrides: list[str] | None = None, world_size: int = 8, *,
                           device: Device = DEVICE, check_fit: bool = True,
-                          recipe_steps: int | None = None) -> Rehearsal:
+                          recipe_steps: int | None = None, one_share: bool = False) -> Rehearsal:
     """The recipe at its full depth from rehearsals at EXTRAPOLATE_LAYERS (full width): a full-depth
     rehearsal takes minutes per layer on a CPU. See extrapolate for why a line holds."""
     from ddrl.config import RLConfig, load_config
     from ddrl.training.memory import estimate_memory, shape_from_config
 
     fewer, more = (rehearse(config, overrides, world_size, layers=n, device=device, check_fit=False,
-                           recipe_steps=recipe_steps) for n in EXTRAPOLATE_LAYERS)
+                           recipe_steps=recipe_steps, one_share=one_share) for n in EXTRAPOLATE_LAYERS)
     cfg = load_config(config, overrides, RLConfig)
     source, shape = family_source(cfg.model.path)
     name = "transformer/config.json" if (source / "transformer").is_dir() else "config.json"
@@ -1049,6 +1052,21 @@ def _flop_counter() -> Any:
     counter = FlopCounterMode(display=False)
     counter.mod_tracker = NoModules()  # type: ignore[assignment]  # a stand-in with the two members FlopCounterMode uses
     return counter
+
+
+def _one_share(trainer: Any) -> None:
+    """The update's first optimizer step only (rehearse's one_share, the bench's --quick for a recipe
+    of many micro-batches a share): each of train.minibatches shares is the busiest rank's, the one
+    every rank pads to, group_size x ceil(prompts_per_step / minibatches) rows, so every share has the
+    same shapes, and the steady state already holds the gradients and AdamW's state: the peak is the
+    whole update's, and its time is this share's x minibatches (rehearse scales it). Without it a fake
+    step's shares are each the rank's whole batch (nonzero's stand-in), minibatches times over."""
+    t = trainer.cfg.train
+
+    def first_share(batch: Any) -> list[Any]:
+        return [batch.index(slice(0, min(len(batch), t.group_size * -(-t.prompts_per_step // t.minibatches))))]
+
+    trainer.planner.minibatch_shares = first_share
 
 
 def _mark_phases(trainer: Any, est: Any, tracker: Any, device: torch.device, phases: dict[str, Any]) -> None:
