@@ -11,7 +11,8 @@ KEY=VALUE: config overrides applied to every recipe, as `ddrl train CONFIG KEY=V
 (e.g. `dist.strategy=fsdp dist.cpu_offload=true`); each row names them after the recipe. Give them
 before --only, which takes every word after it.
 
---quick: 8 sampler steps (one per block) and 2 iterations of mu: neither changes a shape or the
+--quick: 8 sampler steps (one per block) and 2 iterations of mu: neither changes a shape (TraceRL's
+states, which the sampler's steps set, are the recipe's: rehearse's recipe_steps) or the
 memory peak (the second iteration's backward already holds AdamW's state), only the roofline time,
 which is then scaled back to the recipe's rollout.steps and num_iterations (linear: each sampler step
 is one forward of the same width; each iteration the same passes).
@@ -57,6 +58,21 @@ def quick_overrides(config: Path, overrides: tuple[str, ...] = ()) -> tuple[list
             (r.steps or steps) / steps, t.num_iterations / iterations)
 
 
+def recipe_steps(config: Path, overrides: tuple[str, ...] = ()) -> int | None:
+    """The recipe's rollout.steps (before --quick's): TraceRL's training states come from it."""
+    from ddrl.config import RLConfig, load_config
+
+    return load_config(config, list(overrides), RLConfig).rollout.steps
+
+
+def has_rows(config: Path, overrides: tuple[str, ...] = ()) -> bool:
+    """Whether the recipe cuts its estimator's own rows (train.micro_batch_rows: TraceRL, UniGRPO), whose
+    rehearsal --quick makes one optimizer step's share long (rehearse's one_share)."""
+    from ddrl.config import RLConfig, load_config
+
+    return bool(load_config(config, list(overrides), RLConfig).train.micro_batch_rows)
+
+
 def recipe_world_size(config: Path, asked: int, overrides: tuple[str, ...] = ()) -> tuple[int, str]:
     """(world size, note): `asked`, or the largest that the recipe's prompt groups split over evenly
     (each process holds whole groups: train.prompts_per_step % world == 0), with a note saying why."""
@@ -76,7 +92,8 @@ def row(config: Path, asked_world_size: int, quick: bool, overrides: tuple[str, 
     world_size, note = recipe_world_size(config, asked_world_size, overrides)
     try:
         r = rehearse_extrapolated(config, [*overrides, *quick_words, "output_dir=/tmp/ddrl-rehearse-all"],
-                                  world_size, check_fit=False)
+                                  world_size, check_fit=False, recipe_steps=recipe_steps(config, overrides),
+                                  one_share=quick and has_rows(config, overrides))
     except Exception as e:  # a failing recipe is a row of the table, not the end of the bench
         traceback.print_exc()
         first = (str(e).strip().splitlines() or [type(e).__name__])[-1][:160].replace("|", "/")

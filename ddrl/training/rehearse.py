@@ -301,7 +301,8 @@ class HostReads(TorchDispatchMode):
     """Above FakeTensorMode: counts each data-dependent read (aten._local_scalar_dense: .item(),
     .tolist(), bool(tensor); aten.nonzero, x[mask], unique) by the ddrl call site that made it, and
     answers it with a stand-in (True / 1 / 1.0; nonzero, x[mask], unique: every element; bincount:
-    even counts, e.g. an MoE's routing, read back whole by .tolist()). In-place random initialisation
+    even counts, e.g. an MoE's routing, read back whole by .tolist()), or where `answers` names the call
+    site the recipe's own (recipe_answers: an estimator's training rows). In-place random initialisation
     (uniform_, normal_) is skipped: a fake tensor has no values, and a CPU build has no CUDA generator."""
 
     # ddrl functions whose boolean read asks "is the data invalid?" and refuses it when True: answered
@@ -317,6 +318,7 @@ class HostReads(TorchDispatchMode):
         self.counting = False
         self.within = 0  # inside a call already counted as one read (one_read)
         self.values: dict[int, list[int]] = {}  # stand-in values of a fake tensor the host will read whole
+        self.answers: dict[str, int] = {}  # "kind file function" -> the answer there (recipe_answers)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         from torch._subclasses.fake_tensor import FakeTensor
@@ -332,6 +334,8 @@ class HostReads(TorchDispatchMode):
             return torch.empty(args[0].shape, **{"dtype": args[0].dtype, **options})
         if func is aten._local_scalar_dense.default:
             self._record("item")
+            if f"item {_ddrl_site()}" in self.answers:
+                return self.answers[f"item {_ddrl_site()}"]
             dtype = args[0].dtype
             if dtype == torch.bool:
                 file_line, function = _ddrl_frame().rsplit(" ", 1)
@@ -346,12 +350,15 @@ class HostReads(TorchDispatchMode):
         if func is aten._unique2.default:  # torch.unique: stand-in "every element distinct"
             self._record("unique")
             flat = args[0].reshape(-1)
-            return (torch.empty_like(flat), torch.empty(args[0].shape, dtype=torch.long, device=flat.device),
-                    torch.empty(flat.shape, dtype=torch.long, device=flat.device))
+            n = self.answers.get(f"unique {_ddrl_site()}", flat.numel())
+            return (torch.empty(n, dtype=flat.dtype, device=flat.device),
+                    torch.empty(args[0].shape, dtype=torch.long, device=flat.device),
+                    torch.empty(n, dtype=torch.long, device=flat.device))
         if func is aten.nonzero.default:
             self._record("nonzero")
             x = args[0]
-            return torch.empty((x.numel(), x.dim()), dtype=torch.long, device=x.device)
+            count = self.answers.get(f"nonzero {_ddrl_site()}", x.numel())
+            return torch.empty((count, x.dim()), dtype=torch.long, device=x.device)
         if func is aten.index.Tensor and any(i is not None and i.dtype == torch.bool for i in args[1]):
             # x[mask] is nonzero(mask) then a gather: on a GPU the host waits for the count. Stand-in:
             # every element selected, the largest shape the real read can give.
@@ -399,6 +406,38 @@ class HostReads(TorchDispatchMode):
     @property
     def total(self) -> int:
         return sum(self.sites.values())
+
+
+def recipe_answers(estimator: Any, cfg: Any, recipe_steps: int | None = None) -> dict[str, int]:
+    """HostReads' answers where "every element" is not the recipe's step: an estimator's own training
+    rows (train.micro_batch_rows chunks), sized from the config as a GPU run sizes them.
+
+    TraceRL (trace, shrink k): a row's states are its distinct commit steps / k, at most
+    S = ceil(min(rollout.steps, gen_length) / k) (the LLaDA-8B recipe: 512 steps of one token / 8 = 64),
+    the `int(order.max()) + 1` read (its stand-in 1 gave S = 2 at any steps). A chunk of r rows, sample-
+    major, holds r / S samples when S divides r or r divides S (its torch.unique; every element
+    distinct gave r samples, r x S rows), else at most ceil((r - 1) / S) + 1; its states' nonzero is
+    then every element. `recipe_steps`: the recipe's rollout.steps when --quick samples fewer (a quick
+    run's rows would be its 16 steps' 2 states, not the recipe's 64).
+    UniGRPO (random_ratio copies): a chunk's micro-batch holds its whole slice and computes r of its
+    copies x samples rows (score's nonzero), not all of them (35 x 8 = 280 for r = 70)."""
+    r, rollout = cfg.train.micro_batch_rows, cfg.rollout
+    file = f"ddrl/estimators/{type(estimator).__module__.rsplit('.', 1)[-1]}.py"
+    if not r or not hasattr(estimator, "row_chunks"):
+        return {}
+    if getattr(estimator, "name", "") == "trace":
+        steps = min(recipe_steps or rollout.steps or rollout.gen_length, rollout.gen_length)
+        states = -(-steps // estimator.shrink)
+        samples = r // states if r % states == 0 else 1 if states % r == 0 else -(-(r - 1) // states) + 1
+        return {f"item {file} states": states - 1, f"item {file} row_table": states - 1,
+                f"unique {file} row_chunks": samples}
+    return {f"nonzero {file} score": r}
+
+
+def _ddrl_site() -> str:
+    """The innermost ddrl frame as "file function" (HostReads.answers' key)."""
+    file_line, function = _ddrl_frame().rsplit(" ", 1)
+    return f"{file_line.split(':')[0]} {function}"
 
 
 def _balanced(total: int, bins: int) -> list[int]:
@@ -637,7 +676,8 @@ class FakeTensorUnsupported(RuntimeError):
 
 
 def rehearse(config: str | Path, overrides: list[str] | None = None, world_size: int = 8, *,
-             layers: int | None = None, device: Device = DEVICE, check_fit: bool = True) -> Rehearsal:
+             layers: int | None = None, device: Device = DEVICE, check_fit: bool = True,
+             recipe_steps: int | None = None, one_share: bool = False) -> Rehearsal:
     """One step of the recipe at its real size (or `layers` layers) on rank 0 of world_size fake ranks;
     the report is written to the run directory (output_dir/rehearsal/rehearsal.json)."""
     import torch.distributed as dist
@@ -661,7 +701,8 @@ def rehearse(config: str | Path, overrides: list[str] | None = None, world_size:
             directory, shape = sized_model_dir(cfg.model.path, layers, Path(tmp))
             if cfg.model.vq_path is not None and not Path(cfg.model.vq_path).is_dir():
                 cfg.model.vq_path = str(stand_in_vq_dir(Path(tmp)))
-            return _rehearse(cfg, str(config), directory, shape, world_size, device, check_fit)
+            return _rehearse(cfg, str(config), directory, shape, world_size, device, check_fit, recipe_steps,
+                             one_share)
     finally:
         dist.destroy_process_group()
         for k, v in saved.items():
@@ -669,7 +710,7 @@ def rehearse(config: str | Path, overrides: list[str] | None = None, world_size:
 
 
 def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_size: int, device: Device,
-              check_fit: bool) -> Rehearsal:
+              check_fit: bool, recipe_steps: int | None = None, one_share: bool = False) -> Rehearsal:
     from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
                                                FakeTensorMode, UnsupportedOperatorException)
 
@@ -705,6 +746,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
         trainer = Trainer(cfg, Provided(device=cuda, task=task, load_model=fake_loader(directory, cuda),
                                         memory_check=False))
         converter.tensor_memo = weakref.WeakValueDictionary(converter.tensor_memo)
+        reads.answers = recipe_answers(trainer.method.estimator, cfg, recipe_steps)
         for group in trainer.opt.param_groups:  # AdamW's default on CUDA tensors (CPU ones default to the loop)
             group["foreach"] = True
         _steady_state(trainer)
@@ -715,6 +757,8 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
         est = stack.enter_context(roofline(device))
         stack.enter_context(tracker)
         _mark_phases(trainer, est, tracker, cuda, phases)
+        if one_share:
+            _one_share(trainer)
         reads.counting = True
         try:
             trainer.train_step(1)
@@ -735,7 +779,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
                        rollout_peak_bytes=phases.get("rollout_peak", 0.0),
                        rollout_peak_split=phases.get("rollout_split", {}), hand_total_bytes=hand.total,
                        hand_terms=hand_terms, host_reads=dict(reads.sites), rollout_s=phases.get("rollout", 0.0),
-                       update_s=phases.get("update", 0.0), update_flops=phases.get("update_flops", 0.0),
+                       update_s=phases.get("update", 0.0) * (t.minibatches if one_share else 1), update_flops=phases.get("update_flops", 0.0),
                        tokens=rows * cfg.rollout.gen_length, device=device, optimizer_steps=trainer.optimizer_steps,
                        settings={"strategy": trainer.strategy, "cpu_offload": cfg.dist.cpu_offload,
                                  "lora_rank": cfg.model.lora.rank, "micro_batch_size": t.micro_batch_size,
@@ -799,14 +843,15 @@ def fit_advice(report: Rehearsal) -> list[str]:
 
 
 def rehearse_extrapolated(config: str | Path, overrides: list[str] | None = None, world_size: int = 8, *,
-                          device: Device = DEVICE, check_fit: bool = True) -> Rehearsal:
+                          device: Device = DEVICE, check_fit: bool = True,
+                          recipe_steps: int | None = None, one_share: bool = False) -> Rehearsal:
     """The recipe at its full depth from rehearsals at EXTRAPOLATE_LAYERS (full width): a full-depth
     rehearsal takes minutes per layer on a CPU. See extrapolate for why a line holds."""
     from ddrl.config import RLConfig, load_config
     from ddrl.training.memory import estimate_memory, shape_from_config
 
-    fewer, more = (rehearse(config, overrides, world_size, layers=n, device=device, check_fit=False)
-                   for n in EXTRAPOLATE_LAYERS)
+    fewer, more = (rehearse(config, overrides, world_size, layers=n, device=device, check_fit=False,
+                           recipe_steps=recipe_steps, one_share=one_share) for n in EXTRAPOLATE_LAYERS)
     cfg = load_config(config, overrides, RLConfig)
     source, shape = family_source(cfg.model.path)
     name = "transformer/config.json" if (source / "transformer").is_dir() else "config.json"
@@ -1007,6 +1052,21 @@ def _flop_counter() -> Any:
     counter = FlopCounterMode(display=False)
     counter.mod_tracker = NoModules()  # type: ignore[assignment]  # a stand-in with the two members FlopCounterMode uses
     return counter
+
+
+def _one_share(trainer: Any) -> None:
+    """The update's first optimizer step only (rehearse's one_share, the bench's --quick for a recipe
+    of many micro-batches a share): each of train.minibatches shares is the busiest rank's, the one
+    every rank pads to, group_size x ceil(prompts_per_step / minibatches) rows, so every share has the
+    same shapes, and the steady state already holds the gradients and AdamW's state: the peak is the
+    whole update's, and its time is this share's x minibatches (rehearse scales it). Without it a fake
+    step's shares are each the rank's whole batch (nonzero's stand-in), minibatches times over."""
+    t = trainer.cfg.train
+
+    def first_share(batch: Any) -> list[Any]:
+        return [batch.index(slice(0, min(len(batch), t.group_size * -(-t.prompts_per_step // t.minibatches))))]
+
+    trainer.planner.minibatch_shares = first_share
 
 
 def _mark_phases(trainer: Any, est: Any, tracker: Any, device: torch.device, phases: dict[str, Any]) -> None:
