@@ -583,7 +583,8 @@ def block_saved_bytes(cfg: Any, shape: ModelShape, c: int, r: int, *, moe: bool 
     if full:  # the norm's output read by the q, k, v projections: once, or cast by each under autocast
         saved += d * c * (1 if shape.fused_qkv or not casts else 3)
     saved += _moe_saved_bytes(shape, c, casts, full) if moe else _mlp_saved_bytes(d, shape.ffn, c, casts, full)
-    if lora.rank > 0:  # each adapter's c-byte input, its dropout's bool mask, its rank-wide middle
+    if lora.rank > 0:  # each adapter's c-byte input, its dropout's bool mask, its rank-wide middle (without
+        # dropout and without autocast's casts, adapters reading one tensor keep it once: an upper bound then)
         linears, width = shape.lora_inputs(list(lora.target_modules or []), moe=moe)
         saved += width * (c + (1 if lora.dropout > 0 else 0)) + linears * lora.rank * c
     return saved
@@ -614,7 +615,7 @@ def _moe_saved_bytes(shape: ModelShape, c: int, casts: bool, full: bool) -> int:
     A learning base adds the router's fp32 input (4 d), the routed experts' gathered inputs (K d c), the
     shared expert's (d c) and every down projection's. The group-limited top-k keeps nothing: its scores
     only choose indices, and their graph is freed. Computed as under FSDP2's bf16 parameters, as every
-    MoE recipe runs (under autocast the router runs in bf16, a few bytes a token less)."""
+    MoE recipe runs (under autocast the router and the weighting run in bf16: not modelled)."""
     d, K = shape.d_model, shape.experts_per_token
     f = (K + shape.shared_experts) * shape.expert_ffn  # the SwiGLU width one token runs through
     saved = 3 * f * c + K * d * (c + 4) + 4 * shape.experts + 8 * K + 4 + 24 * K
