@@ -88,6 +88,33 @@ def checkpoint_blocks(backbone: nn.Module, enable: bool = True) -> None:
         block.forward = forward
 
 
+# The names peft (`_prepare_model_for_gradient_checkpointing`) and transformers
+# (`enable_input_require_grads`) give the hook they hang on the input embeddings.
+INPUT_GRAD_HOOKS = ("make_inputs_require_grad", "make_inputs_require_grads")
+
+
+def drop_input_grad_hooks(backbone: nn.Module) -> int:
+    """Remove the forward hooks that make the input embeddings' output require grad; -> how many.
+
+    peft adds one when it wraps a model in LoRA (always, on a backbone that does not say
+    `is_gradient_checkpointing`), transformers when it turns on checkpointing: both for REENTRANT
+    checkpointing, whose checkpointed blocks pass no gradient unless an input requires one. Every
+    checkpointing in ddrl is non-reentrant (run_layers, checkpoint_blocks, Hugging Face's with
+    use_reentrant=False), which needs none. With the hook, each training forward's embedding output
+    was a leaf that required grad: backward computed the first block's input gradient, which nothing
+    uses under a frozen embedding, and accumulated it into a [B, T, D] .grad kept as long as the graph
+    (the rehearsal of issue 33 found them, one pair per micro-batch, alive at the optimizer step). A
+    trainable embedding's output requires grad without the hook, so full fine-tuning is unchanged."""
+    removed = 0
+    for module in backbone.modules():
+        hooks = module._forward_hooks
+        for key in [k for k, fn in hooks.items() if getattr(fn, "__name__", "") in INPUT_GRAD_HOOKS]:
+            for table in (hooks, module._forward_hooks_with_kwargs, module._forward_hooks_always_called):
+                table.pop(key, None)
+            removed += 1
+    return removed
+
+
 def output_projection(backbone: nn.Module) -> tuple[str, nn.Module] | None:
     """(name relative to the backbone, module) of the LM head, or None when the backbone does not say.
 

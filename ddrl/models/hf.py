@@ -60,7 +60,8 @@ import torch
 from torch import Tensor, nn
 
 from ddrl.data import as_stop_ids
-from ddrl.models.backbone import base_model, checkpoint_blocks, logits_width, transformer_blocks
+from ddrl.models.backbone import (base_model, checkpoint_blocks, drop_input_grad_hooks, logits_width,
+                                  transformer_blocks)
 from ddrl.logits import LogitsToKeep
 from ddrl.ops.logprobs import TargetRequest
 from ddrl.models.diffusion_lm import (DiffusionLM, DiffusionLMOutput, check_class_range,
@@ -176,6 +177,8 @@ class HFDiffusionLM(DiffusionLM):
                 base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
             else:
                 base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            if not kwargs.get("use_reentrant", True):  # transformers' hook is for the reentrant kind
+                drop_input_grad_hooks(base)
         else:
             checkpoint_blocks(base)
 

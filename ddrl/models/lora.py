@@ -58,7 +58,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from ddrl.models.backbone import output_projection
+from ddrl.models.backbone import drop_input_grad_hooks, output_projection
 from ddrl.models.diffusion_lm import ADAPTER_DIR, DiffusionLM, ModelT, save_backbone
 
 if TYPE_CHECKING:
@@ -100,6 +100,7 @@ def apply_lora(model: DiffusionLM, cfg: Any, *, seed: int = 0) -> DiffusionLM:
     peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=exact,
                               bias="none")
     model.model = get_peft_model(model.model, peft_cfg)
+    drop_input_grad_hooks(model.model)  # peft's, for reentrant checkpointing: ddrl's is non-reentrant
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.model.named_parameters():

@@ -158,6 +158,43 @@ def test_gradient_checkpointing_gives_the_same_gradients_hf(tmp_path, supports_g
     assert block.calls == calls_plain
 
 
+@pytest.mark.parametrize("kind", ["builtin", "hf", "hf_no_gc", "llada"])
+def test_a_frozen_embedding_output_needs_no_grad_under_lora_and_checkpointing(kind, tmp_path):
+    """peft (on wrapping) and transformers (on turning checkpointing on) hang a hook on the input
+    embeddings that makes their output require grad, which only REENTRANT checkpointing needs. ddrl's
+    is non-reentrant, so the hooks are dropped: a frozen embedding's output is no leaf that requires
+    grad (with the hook, backward computed the first block's unused input gradient into a [B, T, D]
+    .grad held as long as the graph), and every layer's adapter still gets its gradient."""
+    if kind == "builtin":
+        model, ids, mask = tiny_builtin(), IDS, None
+        targets = ALL
+    elif kind == "llada":
+        model, targets = load_model("tests/fixtures/llada/model"), ["q_proj", "k_proj", "v_proj", "up_proj"]
+        ids, mask = torch.tensor([[1, 5, 9, 13, 17, 21]]), None
+    else:
+        d = write_tiny_model(tmp_path / "m", mask_token_id=3, supports_gc=kind == "hf")
+        model, targets = load_model(d, trust_remote_code=True), ["q_proj", "v_proj"]
+        ids, mask = padded_batch([[2, 4, 5, 6], [2, 7]])
+    model = apply_lora(model, LoraConfig(rank=2, alpha=4, target_modules=targets))
+    randomise_lora_b(model)
+    embedded = []
+    handles = [m.register_forward_hook(lambda _m, _i, out: embedded.append(out))
+               for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    # without checkpointing (peft's hook, dropped by apply_lora: the trainer turns checkpointing on after it,
+    # or not at all), then with it (transformers' hook, dropped by gradient_checkpointing_enable)
+    plain = _grads(model, ids, mask)
+    assert embedded and not any(e.requires_grad for e in embedded)
+    embedded.clear()
+    model.gradient_checkpointing_enable()
+    checkpointed = _grads(model, ids, mask)
+    for h in handles:
+        h.remove()
+    assert embedded and not any(e.requires_grad for e in embedded)
+    assert {n.split(".lora_")[0] for n in checkpointed if "lora_A" in n} == \
+        {n.split(".lora_")[0] for n, _ in model.named_parameters() if "lora_A" in n}  # every adapter, block 0's too
+    _assert_same_grads(plain, checkpointed)
+
+
 # --------------------------------------------------------------------------------------------
 # Which layers: names, dotted paths, regexes, exclusions, the LM head
 # --------------------------------------------------------------------------------------------

@@ -185,8 +185,8 @@ def test_bench_passes_its_overrides_to_every_rehearsal(tmp_path, monkeypatch):
 
     bench, asked = _bench(), []
 
-    def rehearsed(config, overrides, world_size, check_fit):
-        asked.append((Path(config).name, list(overrides), world_size))
+    def rehearsed(config, overrides, world_size, check_fit, recipe_steps, one_share):
+        asked.append((Path(config).name, list(overrides), world_size, recipe_steps, one_share))
         return Rehearsal(config=str(config), world_size=world_size, layers=32, strategy="fsdp", peak_bytes=30e9,
                          peak_split={}, rollout_peak_bytes=20e9, rollout_peak_split={}, hand_total_bytes=25e9,
                          hand_terms={}, host_reads={"item at x": 2}, rollout_s=1.0, update_s=2.0, update_flops=1.0,
@@ -196,8 +196,11 @@ def test_bench_passes_its_overrides_to_every_rehearsal(tmp_path, monkeypatch):
     out = tmp_path / "RESULTS.md"
     words = ["dist.strategy=fsdp", "dist.cpu_offload=true", "rollout.gen_length=128"]
     assert bench.main([*words, "--quick", "--only", "diffu_grpo_llada8b", "--out", str(out)]) == 0
-    (name, overrides, world), = asked
+    (name, overrides, world, steps, one_share), = asked
     assert name == "diffu_grpo_llada8b.yaml" and world == 8
+    # the recipe's own sampler steps (TraceRL's states come from them), before --quick's; no micro_batch_rows
+    assert steps == 128  # configs/paper/diffu_grpo_llada8b.yaml's rollout.steps (--quick makes them 4)
+    assert one_share is False
     # the bench's words first, then --quick's: one sampler step per block of the overridden 128 tokens
     assert overrides[:3] == words and "rollout.steps=4" in overrides[3:]
     text = out.read_text()
