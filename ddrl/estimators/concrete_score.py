@@ -217,8 +217,9 @@ class ConcreteScore:
     @property
     def copies_per_row(self) -> int:
         """Copies of a row in one call's forward and backward graph (ddrl.training.memory's k):
-        one whole sequence per probed position."""
-        return self.num_positions
+        one whole sequence per probed position; states='clean' has one graph row, the clean sequence
+        (its neighbours' passes are no_grad, num_positions is not read)."""
+        return 1 if self.states == "clean" else self.num_positions
 
     def __post_init__(self) -> None:
         if self.states not in ("single", "trace", "clean"):

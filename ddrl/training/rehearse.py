@@ -324,7 +324,9 @@ class HostReads(TorchDispatchMode):
     .tolist(), bool(tensor); aten.nonzero, x[mask], unique) by the ddrl call site that made it, and
     answers it with a stand-in (True / 1 / 1.0; nonzero, x[mask], unique: every element; bincount:
     even counts, e.g. an MoE's routing, read back whole by .tolist()), or where `answers` names the call
-    site the recipe's own (recipe_answers: an estimator's training rows). In-place random initialisation
+    site the recipe's own (recipe_answers: an estimator's training rows). A scalar FakeTensorMode holds
+    as a constant (a host tensor made from Python numbers, e.g. a schedule's m(t) from torch.tensor(t))
+    is answered with its value and not counted. In-place random initialisation
     (uniform_, normal_) is skipped: a fake tensor has no values, and a CPU build has no CUDA generator."""
 
     # ddrl functions whose boolean read asks "is the data invalid?" and refuses it when True: answered
@@ -343,7 +345,7 @@ class HostReads(TorchDispatchMode):
         self.answers: dict[str, int] = {}  # "kind file function" -> the answer there (recipe_answers)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        from torch._subclasses.fake_tensor import FakeTensor
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
         kwargs = kwargs or {}
         if not (args and isinstance(args[0], FakeTensor)):  # real data (a device mesh's ranks): the op itself
@@ -355,6 +357,9 @@ class HostReads(TorchDispatchMode):
             options = {k: kwargs[k] for k in ("dtype", "device") if kwargs.get(k) is not None}
             return torch.empty(args[0].shape, **{"dtype": args[0].dtype, **options})
         if func is aten._local_scalar_dense.default:
+            if args[0].constant is not None:  # made on the host from Python numbers (torch.tensor(t), then
+                with unset_fake_temporarily():  # arithmetic): its value is known, reading it waits for no device
+                    return args[0].constant.item()
             self._record("item")
             if f"item {_ddrl_site()}" in self.answers:
                 return self.answers[f"item {_ddrl_site()}"]
