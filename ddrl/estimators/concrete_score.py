@@ -63,7 +63,6 @@ from torch import Tensor
 
 from ddrl.estimators.common import generator_from_seed, uniform
 from ddrl.logits import kept_logits
-from ddrl.contract import model_view
 from ddrl.processes.draws import sample_categorical
 from ddrl.registry import ESTIMATORS
 from ddrl.types import COMMIT_ORDER, EstimatorOutput, RolloutBatch
@@ -139,9 +138,10 @@ SNIS_CHUNK = 1024  # neighbour rows per forward pass (compute_pi_z_given_y's chu
 
 
 def raw_logits(model: Any, ids: Tensor) -> Tensor:
-    """Logits over every class, the mask's too (no subs suppression): the backbone's own. [B, L, V] float32."""
-    backbone = model_view(model).backbone
-    return backbone(ids).logits.float()
+    """Logits over every class, the mask's too (no subs suppression): the backbone's own. [B, L, V] float32.
+    Through the model's forward, wrapped or not: calling the backbone itself skips FSDP2's unshard of
+    the root's parameters (an error on more than one GPU) and DDP's gradient sync (silently unsynced)."""
+    return model(ids, raw=True).logits.float()
 
 
 def hamming_neighbours(x: Tensor, vocab: int) -> Tensor:
@@ -217,8 +217,9 @@ class ConcreteScore:
     @property
     def copies_per_row(self) -> int:
         """Copies of a row in one call's forward and backward graph (ddrl.training.memory's k):
-        one whole sequence per probed position."""
-        return self.num_positions
+        one whole sequence per probed position; states='clean' has one graph row, the clean sequence
+        (its neighbours' passes are no_grad, num_positions is not read)."""
+        return 1 if self.states == "clean" else self.num_positions
 
     def __post_init__(self) -> None:
         if self.states not in ("single", "trace", "clean"):

@@ -289,7 +289,7 @@ class DiffusionLM(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, logits_to_keep: LogitsToKeep = None,
                 targets: TargetRequest | None = None, class_range: tuple[int, int] | None = None,
-                **kwargs: Any) -> DiffusionLMOutput:
+                raw: bool = False, **kwargs: Any) -> DiffusionLMOutput:
         """input_ids [B, T] -> logits [B, T, V] aligned with the input positions ([B, K, V] for the
         K positions of logits_to_keep, computed through the LM head only there when the backbone can).
 
@@ -297,9 +297,19 @@ class DiffusionLM(nn.Module):
         target_logprobs [B, K] (log p(ids) at the kept positions; 0 where mask is False) and no
         logits (module docstring). class_range (a, b): the logits of vocabulary ids [a, b) only,
         [B, K, b - a] (`_ranged_forward`). kwargs (position_ids, past_key_values, use_cache, ...) go
-        to the backbone unchanged.
+        to the backbone unchanged. raw: the backbone's own logits [B, T, V], every class's (no mask
+        suppression, no logits_range; only Dream's shift undone), for SEPO's concrete score, which reads the
+        mask class's. Through this forward, not the backbone's, so that a wrapper's hooks run (FSDP2's
+        unshard of the root's parameters, DDP's gradient sync).
         """
         run = functools.partial(self.model, input_ids, attention_mask=attention_mask, **kwargs)
+        if raw:
+            if keeps_some(logits_to_keep) or targets is not None or class_range is not None:
+                raise ValueError("forward(raw=True) gives every position's and class's logits: pass no "
+                                 "logits_to_keep, targets or class_range with it")
+            out = run()
+            return DiffusionLMOutput(logits=self.align_logits(out.logits, suppress=False),
+                                     past_key_values=getattr(out, "past_key_values", None))
         kind = logits_to_keep_kind(self.model)
         if targets is not None:
             check_class_range(class_range, self.vocab_size, targets=targets)
@@ -407,12 +417,12 @@ class DiffusionLM(nn.Module):
                                class_range=class_range, chunk=self.logprob_chunk, backend=self.logprob_backend,
                                linear=linear)
 
-    def align_logits(self, logits: Tensor) -> Tensor:
-        """The backbone's logits [B, T, V] -> ours: undo the Dream shift, suppress the mask token.
-        (Subclasses that feed the backbone differently, e.g. ddrl.models.hf, reuse it.)"""
+    def align_logits(self, logits: Tensor, suppress: bool = True) -> Tensor:
+        """The backbone's logits [B, T, V] -> ours: undo the Dream shift, suppress the mask token (unless
+        not `suppress`). (Subclasses that feed the backbone differently, e.g. ddrl.models.hf, reuse it.)"""
         if self.logits_shifted:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-        return self.suppress_logits(logits)
+        return self.suppress_logits(logits) if suppress else logits
 
     def suppressed_vocab(self, width: int, device: torch.device | str) -> Tensor | None:
         """[width] bool: the ids whose logit is SUPPRESSED_LOGIT (the mask token when

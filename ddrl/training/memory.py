@@ -300,6 +300,12 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
     """A config.json's sizes: LLaDA/MMaDA (d_model, n_layers, mlp_hidden_size, embedding_size), HF
     (hidden_size, num_hidden_layers, intermediate_size) and ddrl's own Denoiser (ffn_hidden)."""
     c = config.get("text_config") or config
+    from ddrl.models.native.mdlm_dna import MODEL_TYPE as MDLM_DNA_TYPE
+
+    if c.get("model_type") == MDLM_DNA_TYPE:  # SEPO's DNA CNN: each stack is five conv blocks (MDLM_DNA above)
+        d = int(c["hidden_dim"])
+        return ModelShape(d_model=d, n_layers=5 * int(c["num_cnn_stacks"]), n_heads=1, n_kv_heads=1, ffn=2 * d,
+                          vocab=int(c["alphabet_size"]))
     pick = lambda *keys, default=None: next((c[k] for k in keys if c.get(k) is not None), default)  # noqa: E731
     d = pick("d_model", "hidden_size")
     layers = pick("n_layers", "num_hidden_layers")
@@ -449,7 +455,9 @@ def estimate_memory(cfg: Any, shape: ModelShape, world_size: int, *, counts: Cou
     host = dict(state) if offload else {}
     if strategy == "ddp":
         held["DDP gradient buckets"] = Pt * 4
-    T = (prompt_tokens or cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS) + cfg.rollout.gen_length
+    if prompt_tokens is None:  # 0 is a width: an unconditional model's (SEPO's DNA CNN) empty prompts
+        prompt_tokens = cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS
+    T = prompt_tokens + cfg.rollout.gen_length
     phases = {"rollout": _rollout_terms(cfg, shape, method, world_size, strategy, counts, c, bf16, T),
               "update": _update_terms(cfg, shape, method, world_size, strategy, counts, c, bf16, T)}
     if device == "cuda" and not offload:  # offloaded, AdamW steps on the CPU

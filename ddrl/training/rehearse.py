@@ -69,7 +69,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddrl.rewards.composite import RewardResult
-from ddrl.training.memory import DEFAULT_PROMPT_TOKENS, GB, PLACEHOLDER_SHAPES, ModelShape
+from ddrl.training.memory import DEFAULT_PROMPT_TOKENS, GB, MDLM_DNA, PLACEHOLDER_SHAPES, ModelShape
 
 aten = torch.ops.aten
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
@@ -79,7 +79,8 @@ FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 # [iPAD]) and, as MMaDA-8B's, is shorter than llm_vocab_size, the image codes following it.
 FAMILY_DIRS = {"LLaDA-8B": "llada/model", "MMaDA-8B": "mmada_t2i/model", "Dream-v0-Instruct-7B": "dream/model",
                "DiffuCoder-7B": "dream/model", "LLaDA2.0-mini": "llada2/model-2.0",
-               "LLaDA2.1-mini": "llada2/model-2.1", "URSA-1.7B": "ursa/model"}
+               "LLaDA2.1-mini": "llada2/model-2.1", "URSA-1.7B": "ursa/model",
+               "mdlm_dna": "sepo_dna/tiny_mdlm_dna.ckpt"}
 # MemTracker's categories (torch.distributed._tools.mem_tracker._MemRefType) as the table names them
 SPLIT_NAMES = {"PARAM": "parameters (shards, gathered blocks)", "BUFFER": "buffers", "GRAD": "gradients",
                "ACT": "activations (forward outputs kept)", "TEMP": "temporaries (backward, sampler)",
@@ -161,6 +162,10 @@ def sized_model_dir(model_path: str, layers: int | None, into: Path) -> tuple[Pa
 
     source, shape = family_source(model_path)
     directory = into / "model"
+    if source.is_file():  # a Lightning checkpoint (SEPO's MDLM DNA CNN): its own layout, at the published size
+        if layers is not None:
+            raise ValueError(f"{model_path} is rehearsed whole: its config has no layer count to set to {layers}")
+        return _mdlm_dna_dir(directory), MDLM_DNA
     shutil.copytree(source, directory, copy_function=os.symlink)
     config = directory / "transformer" / "config.json" if (directory / "transformer").is_dir() else (
         directory / "config.json")
@@ -170,6 +175,23 @@ def sized_model_dir(model_path: str, layers: int | None, into: Path) -> tuple[Pa
     if (directory / "transformer").is_dir() and shape is not None and shape.codebook:
         _size_pipeline_codebook(directory, shape.codebook)
     return directory, shape_from_config(sized)
+
+
+def _mdlm_dna_dir(directory: Path) -> Path:
+    """SEPO's MDLM DNA CNN in ddrl's layout (config.json, model.safetensors, tokenizer.json) at its published
+    size: MDLMDNAConfig's defaults, DRAKES's CNN. Its 3.3M parameters are made for real (torch's default
+    init; never read: the rehearsal's model is fake), and the model is rehearsed whole, not by layers
+    (rehearse_extrapolated): its config has no layer count to resize."""
+    from ddrl.models.mdlm_dna import DNATokenizer
+    from ddrl.models.native.mdlm_dna import MDLMDNABackbone, MDLMDNAConfig
+    from ddrl.training.memory import shape_from_config
+
+    MDLMDNABackbone(MDLMDNAConfig()).save_pretrained(directory)
+    DNATokenizer().save_pretrained(directory)
+    shape = shape_from_config(json.loads((directory / "config.json").read_text()))
+    if shape != MDLM_DNA:  # one published shape: the hand model's and the built model's
+        raise AssertionError(f"MDLMDNAConfig's defaults give {shape}, memory.MDLM_DNA says {MDLM_DNA}")
+    return directory
 
 
 def _size_pipeline_codebook(directory: Path, codes: int) -> None:
@@ -302,7 +324,9 @@ class HostReads(TorchDispatchMode):
     .tolist(), bool(tensor); aten.nonzero, x[mask], unique) by the ddrl call site that made it, and
     answers it with a stand-in (True / 1 / 1.0; nonzero, x[mask], unique: every element; bincount:
     even counts, e.g. an MoE's routing, read back whole by .tolist()), or where `answers` names the call
-    site the recipe's own (recipe_answers: an estimator's training rows). In-place random initialisation
+    site the recipe's own (recipe_answers: an estimator's training rows). A scalar FakeTensorMode holds
+    as a constant (a host tensor made from Python numbers, e.g. a schedule's m(t) from torch.tensor(t))
+    is answered with its value and not counted. In-place random initialisation
     (uniform_, normal_) is skipped: a fake tensor has no values, and a CPU build has no CUDA generator."""
 
     # ddrl functions whose boolean read asks "is the data invalid?" and refuses it when True: answered
@@ -321,7 +345,7 @@ class HostReads(TorchDispatchMode):
         self.answers: dict[str, int] = {}  # "kind file function" -> the answer there (recipe_answers)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        from torch._subclasses.fake_tensor import FakeTensor
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
         kwargs = kwargs or {}
         if not (args and isinstance(args[0], FakeTensor)):  # real data (a device mesh's ranks): the op itself
@@ -333,6 +357,9 @@ class HostReads(TorchDispatchMode):
             options = {k: kwargs[k] for k in ("dtype", "device") if kwargs.get(k) is not None}
             return torch.empty(args[0].shape, **{"dtype": args[0].dtype, **options})
         if func is aten._local_scalar_dense.default:
+            if args[0].constant is not None:  # made on the host from Python numbers (torch.tensor(t), then
+                with unset_fake_temporarily():  # arithmetic): its value is known, reading it waits for no device
+                    return args[0].constant.item()
             self._record("item")
             if f"item {_ddrl_site()}" in self.answers:
                 return self.answers[f"item {_ddrl_site()}"]
@@ -714,13 +741,17 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
     from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
                                                FakeTensorMode, UnsupportedOperatorException)
 
+    from ddrl.data import prompt_budget
     from ddrl.models import load_model
     from ddrl.training.memory import Counts, DEFAULT_PROMPT_TOKENS, estimate_memory
     from ddrl.training.trainer import Provided, Trainer
 
     with torch.device("meta"), _weights_unread():
-        tokenizer = load_model(directory, require_tokenizer=True).tokenizer
+        model = load_model(directory, require_tokenizer=True)
+    budget = prompt_budget(model, cfg.rollout)  # an unconditional model's is 0 (SEPO's DNA CNN: empty prompts)
     width = cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS
+    width = width if budget is None else min(width, budget)
+    tokenizer = model.tokenizer
     task = StandInTask.of_recipe(cfg, prompt_of_width(tokenizer, width))
     # The recipe's device. A build without CUDA (this project's CI) cannot run FSDP2's CUDA streams even on
     # fake tensors: there the rank is rehearsed as fake CPU tensors, with the same shapes, dtypes and wrapping
@@ -770,7 +801,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
     peak = tracker.get_tracker_snapshot("peak").get(cuda, {})
     split = _named_split(peak)
     hand = estimate_memory(cfg, shape, world_size, counts=Counts.from_module(trainer.model),
-                           prompt_tokens=trainer.max_prompt and min(width, trainer.max_prompt) or width)
+                           prompt_tokens=width)
     hand_terms = {**hand.held, **{f"{hand.peak_phase}: {k}": v for k, v in hand.phases[hand.peak_phase].items()}}
     t = cfg.train
     rows = t.prompts_per_step // world_size * t.group_size
@@ -850,10 +881,13 @@ def rehearse_extrapolated(config: str | Path, overrides: list[str] | None = None
     from ddrl.config import RLConfig, load_config
     from ddrl.training.memory import estimate_memory, shape_from_config
 
-    fewer, more = (rehearse(config, overrides, world_size, layers=n, device=device, check_fit=False,
-                           recipe_steps=recipe_steps, one_share=one_share) for n in EXTRAPOLATE_LAYERS)
     cfg = load_config(config, overrides, RLConfig)
     source, shape = family_source(cfg.model.path)
+    if source.is_file():  # a checkpoint file (SEPO's 3.3M-parameter DNA CNN): no layer count to resize, rehearsed whole
+        return rehearse(config, overrides, world_size, device=device, check_fit=check_fit,
+                        recipe_steps=recipe_steps, one_share=one_share)
+    fewer, more = (rehearse(config, overrides, world_size, layers=n, device=device, check_fit=False,
+                           recipe_steps=recipe_steps, one_share=one_share) for n in EXTRAPOLATE_LAYERS)
     name = "transformer/config.json" if (source / "transformer").is_dir() else "config.json"
     full = shape_from_config(sized_config(json.loads((source / name).read_text()), shape, None))
     width = cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS

@@ -491,3 +491,7 @@ def test_estimator_copies_are_what_the_estimator_declares():
     from ddrl.training.method import build_method
 
     assert estimator_copies(build_method(sepo)) == 16  # concrete_score: one sequence per probed position
+    # SEPO's released DNA path (states=clean): the clean sequence is the graph's one row; the neighbours'
+    # L x V passes are no_grad, and num_positions (4 by default) is not read
+    dna = load_config(ROOT / "configs/paper/sepo/dna_enhancer.yaml", [], RLConfig)
+    assert estimator_copies(build_method(dna)) == 1

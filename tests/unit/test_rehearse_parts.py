@@ -40,6 +40,20 @@ def test_host_reads_are_counted_by_call_site():
     assert all("test_rehearse_parts" not in site for site in reads.sites)  # sites name ddrl frames only
 
 
+def test_a_host_scalar_of_known_value_is_read_without_a_sync():
+    """DRAKES's m(t) = 1 - alpha(torch.tensor(t)) is host arithmetic on a real GPU: no device read. Under
+    FakeTensorMode it is a constant; its value comes back and nothing is counted. A device value is."""
+    from ddrl.processes.schedules import LogLinearSchedule
+
+    reads = HostReads()
+    with FakeTensorMode(), reads:
+        reads.counting = True
+        m = float(1.0 - LogLinearSchedule().alpha(torch.tensor(0.25, dtype=torch.float64)))
+        device_value = torch.ones(3).sum().item()
+    assert m == pytest.approx((1 - 1e-3) * 0.25, rel=1e-12)
+    assert device_value == 1.0 and reads.total == 1
+
+
 def test_unknown_placeholder_is_refused_with_the_known_families():
     try:
         family_source("/path/to/SomeOther-7B")
@@ -209,3 +223,21 @@ def test_bench_passes_its_overrides_to_every_rehearsal(tmp_path, monkeypatch):
            "| 8 | fsdp | 30.0 | 25.0 | 1.20 |" in text
     with pytest.raises(SystemExit):  # an override given after --only would be read as a recipe substring
         bench.parse_args(["--only", "d1", "dist.cpu_offload=true"])
+
+
+def test_sepo_dna_placeholder_is_built_at_drakes_size_and_rehearsed_whole(tmp_path):
+    """configs/paper/sepo/dna_enhancer.yaml names a Lightning .ckpt: the rehearsal writes the CNN in ddrl's
+    layout at DRAKES's size (128 channels, 4 stacks of 5 dilated convolutions), loadable by load_model, and
+    refuses a layer count (its config has none to resize)."""
+    import ddrl
+    from ddrl.training.rehearse import sized_model_dir
+
+    directory, shape = sized_model_dir("/path/to/mdlm_dna_pretrained.ckpt", None, tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    assert (config["model_type"], config["hidden_dim"], config["num_cnn_stacks"], config["length"]) == (
+        "mdlm_dna", 128, 4, 200)
+    assert (shape.d_model, shape.n_layers, shape.vocab) == (128, 20, 5)
+    model = ddrl.load_model(directory)
+    assert model.family == "mdlm_dna" and len(model.model.convs) == 20
+    with pytest.raises(ValueError, match="rehearsed whole"):
+        sized_model_dir("/path/to/mdlm_dna_pretrained.ckpt", 4, tmp_path / "again")
