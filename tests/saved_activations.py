@@ -65,9 +65,15 @@ def _block_saved_storages(model: nn.Module, layer: nn.Module, input_ids: Tensor,
         saved.append(weakref.ref(t))  # the graph keeps t itself (unpack returns it)
         return t
 
-    def start(module: nn.Module, args: tuple) -> None:
+    def start(module: nn.Module, args: tuple) -> tuple:
         arguments.update(_storages(args[1:]))  # RoPE tables, mask: the backbone's, shared by every block
         recording.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
+        # The formula is a middle block's, whose input requires grad (the adapters below it). Under LoRA
+        # the first block's input, a frozen embedding's output, does not (ddrl drops peft's require-grad
+        # hook: ddrl.models.backbone.drop_input_grad_hooks), and that block saves less (its first norm
+        # nothing): measured as a middle block, on the same storage.
+        hidden = args[0]
+        return args if hidden.requires_grad else (hidden.detach().requires_grad_(), *args[1:])
 
     def stop(module: nn.Module, args: tuple, output: Any) -> None:
         recording.close()
