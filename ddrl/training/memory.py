@@ -327,8 +327,8 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
     from ddrl.models.native.ursa import QWEN3_DEFAULTS
 
     family = config_family(config)
-    # head_dim left out: URSA's code takes Qwen3's default (128), every other family's d_model / heads
-    default_head_dim = QWEN3_DEFAULTS["head_dim"] if family == "ursa" else None
+    # head_dim left out of config.json: URSA's code takes Qwen3's default, every other family d_model / heads
+    default_head_dim = {"ursa": QWEN3_DEFAULTS["head_dim"]}.get(family)
     return ModelShape(d_model=d, n_layers=layers, n_heads=heads, n_kv_heads=pick("n_kv_heads", "num_key_value_heads",
                       default=heads), ffn=ffn, vocab=pick("embedding_size", "vocab_size"), tied=tied,
                       head_dim=pick("head_dim", default=default_head_dim),
