@@ -54,15 +54,25 @@ under model.mixed_precision=bf16, else b)):
                    reduce-scatter; DDP / one process: the autocast cache P_t 2
                    + activations of one micro-batch, m rows x k copies x T tokens:
                      gradient checkpointing: every block's input (L d c) + one block recomputed (a)
-                     else every block's activations L a, SwiGLU, attention by SDPA (no T x T matrix):
-                       a = 2 d 4 (the two RMSNorms' float32 inputs) + (2 q + 2 kv + 3f + x) c (rotated
-                       queries and keys, values, the attention output; the gate's and up projection's
-                       outputs and the gate's SiLU) + under LoRA, per adapted linear, its input cast to
-                       c for the adapter (c per input element), its dropout's bool mask (1 per input
-                       element, dropout > 0) and the rank-r adapter's middle (r c). q = heads x
-                       head_dim. A frozen base linear keeps no input. Measured, not guessed: the
+                     else every block's activations L a, SwiGLU, attention by SDPA (no T x T matrix).
+                       a (block_saved_bytes) is what autograd saves in ddrl's native blocks, measured for
+                       every family, LoRA and full fine-tuning, autocast and FSDP2's bf16 weights
+                       (tests/unit/test_block_saved_bytes.py, to the byte); r = bytes of a weight as the
+                       forward reads it and of the residual stream (4 under autocast over fp32 weights,
+                       c under FSDP2). Always: each RMSNorm's float32 input (4 d) and rsqrt (4 bytes a row;
+                       Qwen3's x / sqrt keeps 12); SDPA's q, k and v as given (every block repeats k, v to
+                       the H query heads first: q wide each, not kv) and its output, 4 q c, and its fp32
+                       log-sum-exp, 4 H; the gate's output, its SiLU and the up projection's output, 3 f c.
+                       Qwen3 and LLaDA2 (qk_norm) norm each query and key head too (4 (q + kv) and their
+                       rows' scalars). Full fine-tuning (lora.rank = 0) adds what the weights' gradients
+                       read: each norm's normalised x (r d; fp32 in Qwen3's norm, 4 d), the projections'
+                       inputs (c d for q/k/v, c d for gate/up, c f for down; under autocast each linear
+                       casts its own: 3 and 2 copies, one for LLaDA2's fused QKV). LoRA adds, per adapted
+                       linear, its input cast to c for the adapter (c per input element), its dropout's
+                       bool mask (1 per input element, dropout > 0) and the rank-wide middle (rank c); a
+                       frozen base linear keeps no input. An MoE block: _moe_saved_bytes. The
                        rehearsal's tracker gives LLaDA-8B with d1's LoRA 23.6 units of T d c per block,
-                       this 23 (tests/unit/test_memory_model.py)
+                       this 23 plus the middles, rsqrt and log-sum-exp (tests/unit/test_memory_model.py)
                      + the backward of one block: 5 f c per token beyond a (the rehearsal's tracker at
                      the update's peak, LLaDA-8B and URSA alike: the block's recomputed up projection and
                      7 [T, f] temporaries of SiLU's backward and the gated product's gradients, 8 f c,
@@ -88,11 +98,13 @@ with train.micro_batch_rows (an estimator's own training rows: TraceRL's trace s
 
 Mixtures of experts (LLaDA2.0/2.1-mini: 16.3B parameters, 1.43B active). Weights, gradients, AdamW
 state, the reference copy and FSDP's gathered units count every parameter (P: all experts; an FSDP unit
-is a whole block, every expert in it); activations count what one token runs through: the widest
-block's active SwiGLU width f = (K + shared) x expert width (9 x 512 = 4608, against the dense first
-block's 5120: the larger is taken), plus x, an MoE block's dispatch per token: 3 K d (its K routed
-copies of the input, the experts' outputs and the weighted outputs) and the router's fp32 logits and
-scores (2 E x 4 bytes); x = 0 for a dense model. K = experts per token, E = routed experts. The auxiliary balance loss (method.moe_aux_loss_coef) adds [E] per sequence and layer.
+is a whole block, every expert in it); activations count what one token runs through. The no-grad
+forward and the backward temporaries take the widest block's active SwiGLU width f = (K + shared) x
+expert width (9 x 512 = 4608, against the dense first block's 5120: the larger is taken), plus x, an
+MoE block's dispatch per token: 3 K d (its K routed copies of the input, the experts' outputs and the
+weighted outputs) and the router's fp32 logits and scores (2 E x 4 bytes); x = 0 for a dense model.
+The saved activations take the larger of the dense and the MoE block's (_moe_saved_bytes: the experts
+at the active width, the dispatch and the router as measured). K = experts per token, E = routed experts. The auxiliary balance loss (method.moe_aux_loss_coef) adds [E] per sequence and layer.
 LoRA on gate/up/down_proj adapts every expert of an MoE block.
 
 Not counted: the CUDA context and allocator fragmentation (~1-3 GB per GPU), NCCL buffers, the
@@ -112,7 +124,8 @@ from typing import Any
 GB = 1e9
 DEFAULT_PROMPT_TOKENS = 256  # a chat-formatted math/code prompt, when rollout.max_prompt_length is unset
 LOGPROB_CHUNK_ELEMENTS = 2**24  # ddrl.ops.logprobs.CHUNK_ELEMENTS: logits alive at once when scoring
-RMSNORM_BYTES = 4  # an RMSNorm normalises in float32 and keeps its float32 input for backward (LLaDA, Qwen)
+NORM_ROW_SCALARS = 4  # fp32 bytes per normalised row an RMSNorm keeps: its rsqrt (LLaDA, Dream, LLaDA2)
+NORM_ROW_SCALARS_FP32_WEIGHT = 12  # Qwen3's norm (1 / sqrt(mean + eps), weight in fp32): three fp32 a row
 RECORDER_BYTES = 4  # a full trajectory record keeps float32 [B, W, V] per step of a block (DPS)
 BACKWARD_FFN_TEMPORARIES = 5  # [tokens, f] tensors a block's backward adds to its activations (module doc)
 METRIC_PATH_FP32_TENSORS = 3  # fp32 [R, W, N] tensors a metric_path sampler step holds at most (module doc)
@@ -137,6 +150,11 @@ class ModelShape:
     expert_ffn: int = 0  # an expert's SwiGLU hidden width (moe_intermediate_size)
     dense_layers: int = 0  # leading dense blocks of an MoE model (first_k_dense_replace)
     codebook: int = 0  # image codes in the vocabulary (MMaDA's codebook_size, URSA's lm_head_size); 0 = none
+    # How the family's block differs from LLaDA's in what it keeps for backward (block_saved_bytes; the
+    # family's code in ddrl/models/native; shape_from_config sets them from config.json's family)
+    qk_norm: bool = False  # an RMSNorm on every query and key head before RoPE (Qwen3: URSA, SDAR; LLaDA2)
+    norm_weight_fp32: bool = False  # RMSNorm multiplies its weight in float32 (Qwen3's flash-attn rms_norm)
+    fused_qkv: bool = False  # one query_key_value projection (LLaDA2) instead of q_proj, k_proj, v_proj
 
     @property
     def kv_dim(self) -> int:
@@ -227,16 +245,17 @@ class ModelShape:
         moe = sum(rank * sum(shapes[n]) for n in names if n not in mlp) + expert
         return (self.n_layers - self.moe_layers) * dense + self.moe_layers * moe
 
-    def lora_inputs(self, targets: list[str]) -> tuple[int, int]:
-        """(adapted linears, their summed input widths) one token runs through in the widest block: what
-        LoRA keeps for backward per token (module doc). In an MoE block gate/up/down_proj are the
-        token's K routed and the shared experts' (d, d and the expert width each)."""
+    def lora_inputs(self, targets: list[str], moe: bool | None = None) -> tuple[int, int]:
+        """(adapted linears, their summed input widths) one token runs through in a block (moe: an MoE
+        block's; None: the widest block's): what LoRA keeps for backward per token (module doc). In an
+        MoE block gate/up/down_proj are the token's K routed and the shared experts' (d, d and the
+        expert width each)."""
         shapes = self.linear_shapes()
         if any(t.startswith("re:") for t in targets):
             names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
         else:
             names = [n for n in shapes if any(t == n or t.endswith("." + n) for t in targets)]
-        if not self.moe_layers:
+        if not (bool(self.moe_layers) if moe is None else moe):
             return len(names), sum(shapes[n][0] for n in names)
         active = self.experts_per_token + self.shared_experts
         mlp = {"gate_proj": self.d_model, "up_proj": self.d_model, "down_proj": self.expert_ffn}
@@ -244,20 +263,30 @@ class ModelShape:
         return len(names) + (active - 1) * sum(n in mlp for n in names), sum(widths)
 
 
+# What a family's block keeps beyond LLaDA's (ModelShape's block traits), by ddrl.models.families' family
+# names: Qwen3's per-head q_norm/k_norm and flash-attn RMSNorm (SDAR, URSA), LLaDA2's fused QKV and
+# per-head norms. LLaDA, MMaDA and Dream have LLaDA's block.
+_FAMILY_BLOCKS: dict[str, dict[str, bool]] = {
+    "sdar": {"qk_norm": True, "norm_weight_fp32": True},
+    "ursa": {"qk_norm": True, "norm_weight_fp32": True},
+    "llada2": {"qk_norm": True, "fused_qkv": True},
+}
+
 # Published config.json shapes of the models the paper recipes name with /path/to/... placeholders.
 LLADA_8B = ModelShape(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn=12288, vocab=126464)
 # Dream-v0-7B and DiffuCoder-7B: Qwen2.5-7B's shape
 QWEN25_7B = ModelShape(d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, ffn=18944, vocab=152064)
 # URSA-1.7B: Qwen3-1.7B's blocks; its vocabulary adds the IBQ image codes (approximate: 2**17 codes)
 URSA_1_7B = ModelShape(d_model=2048, n_layers=28, n_heads=16, n_kv_heads=8, ffn=6144, vocab=151936 + 131072,
-                       codebook=131072)
+                       codebook=131072, **_FAMILY_BLOCKS["ursa"])
 # SEPO's DRAKES MDLM DNA CNN (ddrl.models.native.mdlm_dna): 20 dilated convolutions of kernel 9 over 128
 # channels plus a time Dense each (~10 d^2 parameters), counted as blocks of that size (ffn 2d)
 MDLM_DNA = ModelShape(d_model=128, n_layers=20, n_heads=1, n_kv_heads=1, ffn=256, vocab=5)
 # LLaDA2.0-mini / LLaDA2.1-mini (same config.json: yjyddq/DARE @ 83ae8a3 models/LLaDA2.0-mini/config.json):
 # 16.3B parameters, 1.43B active; the first block dense, 19 of 256 routed experts (8 per token) + 1 shared
 LLADA2_MINI = ModelShape(d_model=2048, n_layers=20, n_heads=16, n_kv_heads=4, ffn=5120, vocab=157184, head_dim=128,
-                         experts=256, experts_per_token=8, shared_experts=1, expert_ffn=512, dense_layers=1)
+                         experts=256, experts_per_token=8, shared_experts=1, expert_ffn=512, dense_layers=1,
+                         **_FAMILY_BLOCKS["llada2"])
 # MMaDA-8B-Base: LLaDA-8B's blocks over 126,464 text ids + 8,192 MAGVIT-v2 codes (its config.json
 # embedding_size 134,656, codebook_size 8192)
 MMADA_8B = ModelShape(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn=12288, vocab=126464 + 8192,
@@ -291,13 +320,29 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         ffn = swiglu_hidden(d)
     tied = bool(pick("tie_word_embeddings", "weight_tying", "tie_embeddings", default=False))
     experts = int(pick("num_experts", "n_routed_experts", default=0) or 0)  # MoE (LLaDA2's llada2_moe)
-    moe = dict(experts=experts, experts_per_token=int(pick("num_experts_per_tok", default=0) or 0),
+    moe: dict[str, Any] = dict(experts=experts, experts_per_token=int(pick("num_experts_per_tok", default=0) or 0),
                shared_experts=int(pick("num_shared_experts", "n_shared_experts", default=0) or 0),
                expert_ffn=int(pick("moe_intermediate_size", default=0) or 0),
                dense_layers=int(pick("first_k_dense_replace", default=0) or 0)) if experts else {}
+    from ddrl.models.native.ursa import QWEN3_DEFAULTS
+
+    family = config_family(config)
+    # head_dim left out of config.json: URSA's code takes Qwen3's default, every other family d_model / heads
+    default_head_dim = {"ursa": QWEN3_DEFAULTS["head_dim"]}.get(family)
     return ModelShape(d_model=d, n_layers=layers, n_heads=heads, n_kv_heads=pick("n_kv_heads", "num_key_value_heads",
                       default=heads), ffn=ffn, vocab=pick("embedding_size", "vocab_size"), tied=tied,
-                      head_dim=pick("head_dim"), codebook=int(pick("codebook_size", "lm_head_size", default=0) or 0), **moe)
+                      head_dim=pick("head_dim", default=default_head_dim),
+                      codebook=int(pick("codebook_size", "lm_head_size", default=0) or 0), **moe,
+                      **_FAMILY_BLOCKS.get(family, {}))
+
+
+def config_family(config: dict[str, Any]) -> str:
+    """The family of a config.json (ddrl.models.families.detect_family), or "ursa" for an URSA
+    pipeline's transformer/config.json (a diffusers config: _class_name, no model_type)."""
+    from ddrl.models.families import detect_family
+    from ddrl.models.native.ursa import TRANSFORMER_CLASS
+
+    return "ursa" if config.get("_class_name") == TRANSFORMER_CLASS else detect_family(config)
 
 
 def model_shape(path: str) -> ModelShape:
@@ -507,7 +552,8 @@ def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy
         rows = min(max(1, size // t.group_size) * t.group_size, per_rank) * estimator_copies(method)
     tokens = rows * T
     d, L = shape.d_model, shape.n_layers
-    block = tokens * _block_saved_bytes(cfg, shape, c)
+    r = c if strategy == "fsdp" else counts.weight_bytes  # FSDP2 computes with c-byte parameters, else autocast
+    block = tokens * block_saved_bytes(cfg, shape, c, r)
     terms = _compute_weights(strategy, shape, counts, c, bf16, whole=False)
     if cfg.model.gradient_checkpointing:
         terms["activations (checkpointed)"] = tokens * L * d * c + block
@@ -522,14 +568,67 @@ def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy
     return terms
 
 
-def _block_saved_bytes(cfg: Any, shape: ModelShape, c: int) -> int:
-    """Bytes one block keeps for backward per token (module doc: activations)."""
-    q, kv, f = shape.q_dim, shape.kv_dim, shape.active_ffn
-    saved = RMSNORM_BYTES * 2 * shape.d_model + (2 * q + 2 * kv + 3 * f + shape.dispatch_width) * c
+def block_saved_bytes(cfg: Any, shape: ModelShape, c: int, r: int, *, moe: bool | None = None) -> int:
+    """Bytes one block keeps for backward per token (module doc: activations), as autograd saves them in
+    ddrl's native blocks (tests/unit/test_block_saved_bytes.py measures each family's). c: bytes of a
+    compute element; r: bytes of a weight as the forward reads it, which is also the residual stream's
+    (4 under autocast over fp32 weights, c under FSDP2's bf16 parameters). moe: an MoE block's (None:
+    the larger of the model's dense and MoE blocks)."""
+    if moe is None:
+        kinds = [False, True] if shape.moe_layers and shape.dense_layers else [bool(shape.moe_layers)]
+        return max(block_saved_bytes(cfg, shape, c, r, moe=kind) for kind in kinds)
+    d, q, kv, H = shape.d_model, shape.q_dim, shape.kv_dim, shape.n_heads
     lora = cfg.model.lora
-    if lora.rank > 0:
-        linears, width = shape.lora_inputs(list(lora.target_modules or []))
+    full = lora.rank == 0  # the base learns: each linear keeps its input, each norm its normalised x
+    casts = r != c  # autocast: each linear casts its r-byte input to c itself (one copy per linear)
+    saved = 2 * _norm_saved_bytes(shape, d, 1, r, full)  # the attention's and the MLP's, over the residual
+    if shape.qk_norm:  # over the projections' c-byte outputs, one row per head
+        saved += _norm_saved_bytes(shape, q, H, c, full) + _norm_saved_bytes(shape, kv, shape.n_kv_heads, c, full)
+    # SDPA keeps the queries, the keys and values as it gets them (every ddrl block repeats them to the H
+    # query heads first: q wide each), its output (the output projection's input too) and an fp32
+    # log-sum-exp per head
+    saved += 4 * q * c + 4 * H
+    if full:  # the norm's output read by the q, k, v projections: once, or cast by each under autocast
+        saved += d * c * (1 if shape.fused_qkv or not casts else 3)
+    saved += _moe_saved_bytes(shape, c, casts, full) if moe else _mlp_saved_bytes(d, shape.ffn, c, casts, full)
+    if lora.rank > 0:  # each adapter's c-byte input, its dropout's bool mask, its rank-wide middle (without
+        # dropout and without autocast's casts, adapters reading one tensor keep it once: an upper bound then)
+        linears, width = shape.lora_inputs(list(lora.target_modules or []), moe=moe)
         saved += width * (c + (1 if lora.dropout > 0 else 0)) + linears * lora.rank * c
+    return saved
+
+
+def _norm_saved_bytes(shape: ModelShape, width: int, rows: int, input_bytes: int, full: bool) -> int:
+    """An RMSNorm over `rows` vectors of `width` a token, its input input_bytes an element: the fp32
+    input it normalises (4 width: a copy, or the input itself when fp32), fp32 scalars per row (the
+    rsqrt; Qwen3's x / sqrt(...) keeps three), and when its weight learns the normalised vector the
+    weight multiplies (Qwen3: fp32; LLaDA, Dream, LLaDA2: cast back to the input's dtype first)."""
+    fp32_weight = shape.norm_weight_fp32
+    saved = 4 * width + rows * (NORM_ROW_SCALARS_FP32_WEIGHT if fp32_weight else NORM_ROW_SCALARS)
+    return saved + (width * (4 if fp32_weight else input_bytes) if full else 0)
+
+
+def _mlp_saved_bytes(d: int, f: int, c: int, casts: bool, full: bool) -> int:
+    """A SwiGLU: the gate's output (SiLU's input), its SiLU and the up projection's output (3 f c);
+    a learning base adds the gate's and up projection's input (cast by each under autocast) and the
+    down projection's, the gated product (f c)."""
+    return 3 * f * c + ((2 if casts else 1) * d * c + f * c if full else 0)
+
+
+def _moe_saved_bytes(shape: ModelShape, c: int, casts: bool, full: bool) -> int:
+    """An MoE block's MLP (ddrl.models.native.llada2: LLaDA2SparseMoe, routed_experts) per token: the K
+    routed and the shared experts' SwiGLUs at the expert width, the routed outputs (c) and their fp32
+    copies weighted by the router (K d (c + 4)), the router's fp32 sigmoid scores (4 E), the chosen
+    weights, scaled, and their sum (8 K + 4), int64 expert ids, sort order and gather index (24 K).
+    A learning base adds the router's fp32 input (4 d), the routed experts' gathered inputs (K d c), the
+    shared expert's (d c) and every down projection's. The group-limited top-k keeps nothing: its scores
+    only choose indices, and their graph is freed. Computed as under FSDP2's bf16 parameters, as every
+    MoE recipe runs (under autocast the router and the weighting run in bf16: not modelled)."""
+    d, K = shape.d_model, shape.experts_per_token
+    f = (K + shape.shared_experts) * shape.expert_ffn  # the SwiGLU width one token runs through
+    saved = 3 * f * c + K * d * (c + 4) + 4 * shape.experts + 8 * K + 4 + 24 * K
+    if full:
+        saved += 4 * d + (K * d + d) * c * (2 if casts else 1) + f * c
     return saved
 
 

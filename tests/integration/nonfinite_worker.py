@@ -23,5 +23,9 @@ def nan_on_rank_one(call):
 
 
 if __name__ == "__main__":
+    from ddrl.training.distributed import end_process_group, exit_without_finalizing
+
     GRPO.__call__ = nan_on_rank_one(GRPO.__call__)
     train(sys.argv[1], sys.argv[2:])
+    end_process_group()
+    exit_without_finalizing(0)  # gloo's threads can abort the interpreter's exit (SIGABRT): its docstring

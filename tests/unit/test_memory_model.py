@@ -144,11 +144,20 @@ def test_llada2_mini_counts_every_expert_in_the_state_and_the_active_ones_in_act
     est = estimate_memory(full, model_shape(full.model.path), 8)
     assert est.held["AdamW state"] == pytest.approx(2 * 4 * LLADA2_MINI.params / 8)  # all experts' moments
     assert est.phases["update"]["gathered blocks + root"] == pytest.approx((2 * moe + root) * 2)  # whole MoE blocks
-    # activations: the active width max((8 + 1) x 512, 5120), not 257 x 512, plus the dispatch 3 x 8 d + 4 E
+    # activations: the active experts' width (8 + 1) x 512, not 257 x 512, plus the dispatch; the MoE block
+    # keeps more than the dense one, so every block counts as it
     tokens = 2 * estimator_copies(build_method(full)) * (full.rollout.max_prompt_length + full.rollout.gen_length)
-    # per token and block: two float32 RMSNorm inputs, then in bf16 rotated q (16 x 128) and k, v (4 x 128), the
-    # attention output, the dense block's gate, SiLU and up outputs (3 x 5120), the dispatch
-    per_token = 2 * 4 * d + (2 * 2048 + 2 * 512 + 3 * 5120 + 3 * 8 * d + 4 * 256) * 2
+    # per token of an MoE block under full fine-tuning with FSDP2's bf16 weights (ddrl.models.native.llada2,
+    # measured on the tiny fixture by tests/unit/test_block_saved_bytes.py), q = 16 x 128, kv = 4 x 128:
+    q, kv, f = 2048, 512, 9 * 512
+    norms = 2 * (4 * d + 4 + 2 * d)  # two RMSNorms: fp32 input, rsqrt, the bf16 normalised x the weight learns from
+    head_norms = (6 * q + 4 * 16) + (6 * kv + 4 * 4)  # the same per query and key head
+    attention = 4 * q * 2 + 4 * 16 + d * 2  # SDPA's q, repeated k and v, output; fp32 log-sum-exp; the QKV input
+    experts = 3 * f * 2 + f * 2  # the SwiGLUs' gate, SiLU, up outputs and the down projections' inputs
+    dispatch = 8 * d * (2 + 4) + 8 * d * 2 + d * 2  # routed outputs, their fp32 weighted copies; experts' inputs
+    router = 4 * d + 4 * 256 + 8 * 8 + 4 + 24 * 8  # fp32 input, scores, chosen weights + sum, int64 ids/orders
+    per_token = norms + head_norms + attention + experts + dispatch + router
+    assert per_token == 242076
     assert est.phases["update"]["activations"] == pytest.approx(20 * tokens * per_token)
 
 
@@ -436,9 +445,11 @@ def test_update_counts_every_copy_an_estimator_batches_and_whole_group_micro_bat
 
     t2i = load_config(ROOT / "configs/paper/maskgrpo/t2i_mmada.yaml", ["model.gradient_checkpointing=false"], RLConfig)
     T, d, f = 256 + 1024, 4096, 12288
-    # every block's: fp32 norm inputs, bf16 the rest, and its LoRA (q, k, v, up_proj at rank 128, dropout 0.05):
-    # each adapter's bf16 input and bool mask (3 bytes per input element) and rank-wide middle
-    per_token = 32 * (2 * 4 * d + (2 * d + 2 * d + 3 * f) * 2 + 4 * d * 3 + 4 * 128 * 2)
+    # every block's: fp32 norm inputs and their fp32 rsqrt, bf16 the rest (SDPA's q, k, v and output, 32 heads
+    # of 128 = d each, with an fp32 log-sum-exp per head; gate, SiLU, up), and its LoRA (q, k, v, up_proj at
+    # rank 128, dropout 0.05): each adapter's bf16 input and bool mask (3 bytes per input element) and
+    # rank-wide middle
+    per_token = 32 * (2 * (4 * d + 4) + (4 * d + 3 * f) * 2 + 4 * 32 + 4 * d * 3 + 4 * 128 * 2)
     assert estimate_memory(t2i, MMADA_8B, 8).phases["update"]["activations"] == 9 * T * per_token
 
 
@@ -447,17 +458,18 @@ def test_lora_block_activations_match_the_rehearsal_tracker_of_llada_8b():
     dropout 0.05) and bf16 autocast, counted from the rehearsal's MemTracker at 2 layers (issue 33; d1,
     6 rows x 456 tokens, unit U = T d 2 bytes): RMSNorms' fp32 inputs 2 + 2 U, rotated q and k 2 U, v 1 U,
     attention output 1 U, gate output, its SiLU and up output 3 + 3 + 3 U, each adapter's bf16 input and
-    bool dropout mask 1.5 U x 4: 23 U (the tracker's 23.6 adds the adapters' rank-wide middles and the
-    attention's log-sum-exp). The hand model's block term must be these bytes."""
-    from ddrl.training.memory import LLADA_8B, _block_saved_bytes
+    bool dropout mask 1.5 U x 4: 23 U (the tracker's 23.6 adds the adapters' rank-wide middles, the
+    attention's fp32 log-sum-exp, 4 bytes a head, and the norms' fp32 rsqrt, 4 bytes each). The hand
+    model's block term must be these bytes, under autocast over the fp32 or bf16 base alike (r = 4, 2)."""
+    from ddrl.training.memory import LLADA_8B, block_saved_bytes
 
     cfg = load_config(ROOT / "configs/paper/diffu_grpo_llada8b.yaml", [], RLConfig)
     d = LLADA_8B.d_model
     U = d * 2
-    adapters_middle = 4 * 128 * 2
-    assert _block_saved_bytes(cfg, LLADA_8B, 2) == 23 * U + adapters_middle
+    small = 4 * 128 * 2 + 4 * 32 + 2 * 4  # adapters' middles, log-sum-exp, rsqrt
+    assert block_saved_bytes(cfg, LLADA_8B, 2, 4) == block_saved_bytes(cfg, LLADA_8B, 2, 2) == 23 * U + small
     without_dropout = load_config(ROOT / "configs/paper/diffu_grpo_llada8b.yaml", ["model.lora.dropout=0"], RLConfig)
-    assert _block_saved_bytes(without_dropout, LLADA_8B, 2) == 23 * U - 4 * d + adapters_middle  # no masks
+    assert block_saved_bytes(without_dropout, LLADA_8B, 2, 4) == 23 * U - 4 * d + small  # no masks
 
 
 def test_estimator_copies_are_what_the_estimator_declares():
