@@ -743,7 +743,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
 
     from ddrl.data import prompt_budget
     from ddrl.models import load_model
-    from ddrl.training.memory import Counts, DEFAULT_PROMPT_TOKENS, estimate_memory
+    from ddrl.training.memory import Counts, estimate_memory
     from ddrl.training.trainer import Provided, Trainer
 
     with torch.device("meta"), _weights_unread():
@@ -873,25 +873,43 @@ def fit_advice(report: Rehearsal) -> list[str]:
             for term, text, applies in sorted(options, key=lambda o: -o[0]) if applies]
 
 
+@dataclass
+class FullDepthHand:
+    layers: int
+    estimate: Any  # ddrl.training.memory.MemoryEstimate
+
+
+def full_depth_hand(cfg: Any, world_size: int) -> FullDepthHand | None:
+    """The hand model beside an extrapolated rehearsal: the family's shipped config.json at the recipe's
+    published shape and full depth, the rollout's prompt width; None for a checkpoint file (rehearsed
+    whole, its hand figure counts the built module). Seconds, no model built: `bench/rehearse_all.py
+    --hand-only` lists it for every recipe."""
+    from ddrl.training.memory import estimate_memory, shape_from_config
+
+    source, shape = family_source(cfg.model.path)
+    if source.is_file():
+        return None
+    name = "transformer/config.json" if (source / "transformer").is_dir() else "config.json"
+    full = shape_from_config(sized_config(json.loads((source / name).read_text()), shape, None))
+    width = cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS
+    return FullDepthHand(full.n_layers, estimate_memory(cfg, full, world_size, prompt_tokens=width))
+
+
 def rehearse_extrapolated(config: str | Path, overrides: list[str] | None = None, world_size: int = 8, *,
                           device: Device = DEVICE, check_fit: bool = True,
                           recipe_steps: int | None = None, one_share: bool = False) -> Rehearsal:
     """The recipe at its full depth from rehearsals at EXTRAPOLATE_LAYERS (full width): a full-depth
     rehearsal takes minutes per layer on a CPU. See extrapolate for why a line holds."""
     from ddrl.config import RLConfig, load_config
-    from ddrl.training.memory import estimate_memory, shape_from_config
 
     cfg = load_config(config, overrides, RLConfig)
-    source, shape = family_source(cfg.model.path)
-    if source.is_file():  # a checkpoint file (SEPO's 3.3M-parameter DNA CNN): no layer count to resize, rehearsed whole
+    hand = full_depth_hand(cfg, world_size)
+    if hand is None:  # a checkpoint file (SEPO's 3.3M-parameter DNA CNN): no layer count to resize, rehearsed whole
         return rehearse(config, overrides, world_size, device=device, check_fit=check_fit,
                         recipe_steps=recipe_steps, one_share=one_share)
     fewer, more = (rehearse(config, overrides, world_size, layers=n, device=device, check_fit=False,
                            recipe_steps=recipe_steps, one_share=one_share) for n in EXTRAPOLATE_LAYERS)
-    name = "transformer/config.json" if (source / "transformer").is_dir() else "config.json"
-    full = shape_from_config(sized_config(json.loads((source / name).read_text()), shape, None))
-    width = cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS
-    report = extrapolate(fewer, more, full.n_layers, estimate_memory(cfg, full, world_size, prompt_tokens=width))
+    report = extrapolate(fewer, more, hand.layers, hand.estimate)
     _write(report, Path(cfg.output_dir) / "rehearsal")
     if check_fit:
         require_fit(report)

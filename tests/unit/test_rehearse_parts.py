@@ -225,6 +225,29 @@ def test_bench_passes_its_overrides_to_every_rehearsal(tmp_path, monkeypatch):
         bench.parse_args(["--only", "d1", "dist.cpu_offload=true"])
 
 
+def test_bench_hand_only_lists_the_hand_model_without_rehearsing(capsys, monkeypatch):
+    """`bench/rehearse_all.py [KEY=VALUE ...] --hand-only`: the hand column at each row's world size and
+    with the overrides, in seconds (no rehearsal), e.g. to recheck every ratio after a hand-model change."""
+    from ddrl.config import RLConfig, load_config
+    from ddrl.training.memory import estimate_memory
+
+    bench = _bench()
+    monkeypatch.setattr(bench, "rehearse_extrapolated", lambda *a, **k: pytest.fail("--hand-only rehearsed"))
+    figures = {}
+    for words in ([], ["dist.strategy=fsdp"]):
+        assert bench.main([*words, "--quick", "--hand-only", "--only", "diffu_grpo_llada8b", "gdsd_llada8b"]) == 0
+        rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| configs/")]
+        assert [r.split(" | ")[1].split()[0] for r in rows] == ["8", "5"]  # gdsd's 20 groups: its own 5
+        figures[tuple(words)] = float(rows[0].split(" | ")[2].rstrip(" |"))
+    # LLaDA-8B LoRA under DDP and FSDP2: the hand model at the published shape, 8 ranks, --quick's overrides and
+    # the recipe's 200-token prompts (rollout.max_prompt_length)
+    for words, figure in figures.items():
+        path = Path("configs/paper/diffu_grpo_llada8b.yaml")
+        cfg = load_config(path, [*words, *bench.quick_overrides(path, tuple(words))[0]], RLConfig)
+        assert figure == pytest.approx(estimate_memory(cfg, LLADA_8B, 8, prompt_tokens=200).total / GB, abs=0.06)
+    assert figures[("dist.strategy=fsdp",)] < figures[()] - 5  # FSDP2 shards what DDP replicates
+
+
 def test_sepo_dna_placeholder_is_built_at_drakes_size_and_rehearsed_whole(tmp_path):
     """configs/paper/sepo/dna_enhancer.yaml names a Lightning .ckpt: the rehearsal writes the CNN in ddrl's
     layout at DRAKES's size (128 channels, 4 stacks of 5 dilated convolutions), loadable by load_model, and
