@@ -593,6 +593,32 @@ def _ddp_buckets_tracked(ddp: Any, tracker: Any) -> None:
 
 
 # ------------------------------------------------------------------ time
+# torch.utils._runtime_estimation.flops_to_ns (torch 2.13) times an op as (flops / 2) / (0.75 x the TFLOP/s it
+# is given): a multiply-add counted once against a peak that counts it twice (NVIDIA's datasheets), at 75% of
+# it, i.e. 1.5x faster than the peak allows. Given peak / 1.5, its compute time is flops / peak: a lower bound.
+# tests/unit/test_rehearse_parts.py times one matmul against 2 m n k / peak.
+TORCH_FLOPS_TO_NS_SPEEDUP = 2 * 0.75
+
+
+class TotalOnly:
+    """A ModTracker that tracks no module: RuntimeEstimator then adds every op's time to its total only."""
+
+    parents: tuple[str, ...] = ()
+    is_bw = False
+
+    def register_user_hooks(self, **hooks: Any) -> None:
+        pass
+
+    def clear_user_hooks(self) -> None:
+        pass
+
+    def __enter__(self) -> TotalOnly:
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        pass
+
+
 @contextmanager
 def roofline(device: Device) -> Iterator[Any]:
     """RuntimeEstimator in roofline mode ("operator-level-cost-model") with `device`'s figures. The
@@ -602,11 +628,15 @@ def roofline(device: Device) -> Iterator[Any]:
     from torch.distributed._tools.runtime_estimator import RuntimeEstimator
     import torch.utils._runtime_estimation as estimation
 
-    def tflops(dtype: torch.dtype) -> float:
-        return device.fp32_tflops if dtype == torch.float32 else device.bf16_tflops
+    def tflops(dtype: torch.dtype) -> float:  # the figure that makes torch's compute time flops / peak
+        peak = device.fp32_tflops if dtype == torch.float32 else device.bf16_tflops
+        return peak / TORCH_FLOPS_TO_NS_SPEEDUP
 
     est = RuntimeEstimator()
     est("operator-level-cost-model")
+    # Total time only (the rehearsal reads est.total_runtime): no per-module split, so no ModTracker, whose
+    # hooks on every module call cost most of an MoE rehearsal's time (LLaDA2: 256 expert calls a layer)
+    est._mod_tracker = TotalOnly()
     available = torch.cuda.is_available
 
     def estimate(func: Any, args: Any, kwargs: Any) -> Any:

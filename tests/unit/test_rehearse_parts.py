@@ -264,3 +264,22 @@ def test_sepo_dna_placeholder_is_built_at_drakes_size_and_rehearsed_whole(tmp_pa
     assert model.family == "mdlm_dna" and len(model.model.convs) == 20
     with pytest.raises(ValueError, match="rehearsed whole"):
         sized_model_dir("/path/to/mdlm_dna_pretrained.ckpt", 4, tmp_path / "again")
+
+
+def test_roofline_times_an_op_by_the_h200_figures_and_tracks_no_module():
+    """The rehearsal's clock: one bf16 [4096 x 4096] @ [4096 x 4096] matmul takes 2 * 4096^3 flops at 989
+    TFLOP/s (compute-bound), and no ModTracker hooks are hung on module calls (the total is all the
+    rehearsal reads; an MoE block's 256 expert calls a layer made those hooks most of its CPU time)."""
+    import torch.nn.modules.module as module_hooks
+
+    from ddrl.training.rehearse import DEVICE, roofline
+
+    with FakeTensorMode():
+        a = torch.empty(4096, 4096, dtype=torch.bfloat16, device="cuda")
+        linear = torch.nn.Linear(8, 8)
+        with roofline(DEVICE) as est:
+            assert not module_hooks._global_forward_pre_hooks and not module_hooks._global_forward_hooks
+            _ = a @ a
+            ms = est.total_runtime
+            linear(torch.empty(2, 8))
+    assert ms == pytest.approx(2 * 4096 ** 3 / (DEVICE.bf16_tflops * 1e12) * 1e3, rel=1e-6)
