@@ -636,7 +636,7 @@ def roofline(device: Device) -> Iterator[Any]:
     est("operator-level-cost-model")
     # Total time only (the rehearsal reads est.total_runtime): no per-module split, so no ModTracker, whose
     # hooks on every module call cost most of an MoE rehearsal's time (LLaDA2: 256 expert calls a layer)
-    est._mod_tracker = TotalOnly()
+    est._mod_tracker = TotalOnly()  # type: ignore[assignment]
     available = torch.cuda.is_available
 
     def estimate(func: Any, args: Any, kwargs: Any) -> Any:
