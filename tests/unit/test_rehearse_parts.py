@@ -283,3 +283,23 @@ def test_roofline_times_an_op_by_the_h200_figures_and_tracks_no_module():
             ms = est.total_runtime
             linear(torch.empty(2, 8))
     assert ms == pytest.approx(2 * 4096 ** 3 / (DEVICE.bf16_tflops * 1e12) * 1e3, rel=1e-6)
+
+
+def test_roofline_charges_no_time_to_metadata_views_and_allocations():
+    """`x.device`, a slice and torch.empty move no data on a GPU: torch's roofline charged each the bytes of
+    its tensors at HBM speed (78% of a rehearsed LLaDA2 step's time was prim::device). A copy and an
+    in-place add still move theirs: 2 and 3 x 1 GiB (read, read + write) at 4.8 TB/s."""
+    from ddrl.training.rehearse import DEVICE, roofline
+
+    with FakeTensorMode():
+        x = torch.empty(2 ** 29, dtype=torch.bfloat16, device="cuda")  # 1 GiB
+        with roofline(DEVICE) as est:
+            _ = x.device, torch.ops.aten.slice(x, 0, 0, 2 ** 28), x.narrow(0, 8, 8), torch.empty_like(x), x.view(2, -1)
+            free = est.total_runtime
+            y = x.clone()
+            copy = est.total_runtime - free
+            y.add_(x)
+            add = est.total_runtime - free - copy
+    assert free == 0
+    gib_ms = 2 ** 30 / (DEVICE.hbm_gbps * 1e9) * 1e3
+    assert copy == pytest.approx(2 * gib_ms, rel=1e-3) and add == pytest.approx(3 * gib_ms, rel=1e-3)
