@@ -11,7 +11,9 @@ PyTorch's own trackers measure it:
             optimizer state, activations, temporaries; FSDPMemTracker refuses a sampler's repeated calls),
             beside the hand model of ddrl.training.memory with the ratio of the two.
     time    RuntimeEstimator's roofline (max(FLOPs / peak, bytes / bandwidth) per aten op) with the
-            device figures of DEVICE below; rollout and update apart.
+            device figures of DEVICE below; rollout and update apart. Two corrections to torch's: its
+            compute time was 1.5x under the peak's (TORCH_FLOPS_TO_NS_SPEEDUP), and it charged views and
+            `tensor.device` the bytes of their tensors (moves_no_data).
     syncs   every data-dependent read (.item(), .tolist(), bool(tensor), nonzero) that a real step makes
             the host wait for, counted by the call site that made it (HostReads).
 
