@@ -16,6 +16,10 @@ states, which the sampler's steps set, are the recipe's: rehearse's recipe_steps
 memory peak (the second iteration's backward already holds AdamW's state), only the roofline time,
 which is then scaled back to the recipe's rollout.steps and num_iterations (linear: each sampler step
 is one forward of the same width; each iteration the same passes).
+--hand-only: the hand model's column alone (ddrl.training.memory at the rows' world sizes, full depth and
+prompt width, with --quick's overrides when given), in seconds, printed and not written: the cross-check
+to rerun after a change to the hand model.
+
 A recipe that fails is listed with the first line of its error (a family fake tensors cannot run, or
 a config the rehearsal cannot stand in for).
 """
@@ -32,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ddrl.training.memory import GB  # noqa: E402
-from ddrl.training.rehearse import DEVICE, EXTRAPOLATE_LAYERS, HEADROOM, rehearse_extrapolated  # noqa: E402
+from ddrl.training.rehearse import (DEVICE, EXTRAPOLATE_LAYERS, HEADROOM, full_depth_hand,  # noqa: E402
+                                    rehearse_extrapolated)
 
 SECTION = "## Issue 33: every paper recipe rehearsed at its real size (estimates (rehearsal on fake tensors, CPU))"
 HEADER = ("| recipe | world | strategy | tracker peak GB/rank | hand-model GB | tracker/hand | fits 141 GB -10% | "
@@ -105,6 +110,17 @@ def row(config: Path, asked_world_size: int, quick: bool, overrides: tuple[str, 
             f"{r.update_s * update_x:.1f} |")
 
 
+def hand_row(config: Path, asked_world_size: int, quick: bool, overrides: tuple[str, ...] = ()) -> str:
+    """The hand model's figure for the row `row` would rehearse (its world size, --quick's overrides)."""
+    from ddrl.config import RLConfig, load_config
+
+    quick_words = quick_overrides(config, overrides)[0] if quick else []
+    world_size, note = recipe_world_size(config, asked_world_size, overrides)
+    hand = full_depth_hand(load_config(config, [*overrides, *quick_words], RLConfig), world_size)
+    figure = f"{hand.estimate.total / GB:.1f}" if hand else "(a checkpoint file: the rehearsal counts the built module)"
+    return f"| {' '.join([str(config.relative_to(ROOT)), *overrides])} | {world_size}{note} | {figure} |"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
@@ -112,6 +128,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--world-size", type=int, default=8)
     p.add_argument("--only", nargs="*", default=[])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--hand-only", action="store_true", help="the hand model's column only (seconds), printed")
     p.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     args = p.parse_args(argv)
     if any("=" in s for s in args.only):
@@ -124,6 +141,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.hand_only:
+        print("| recipe | world | hand-model GB |\n|---|---|---|")
+        for config in recipes(args.only):
+            print(hand_row(config, args.world_size, args.quick, tuple(args.overrides)), flush=True)
+        return 0
     command = " ".join(["bench/rehearse_all.py", *args.overrides, *(["--quick"] if args.quick else [])])
     intro = (f"\n{SECTION}\n\n`{command}`: rank 0 of "
              f"{args.world_size} H200s, each recipe's own step on fake tensors, full width, memory "

@@ -11,7 +11,9 @@ PyTorch's own trackers measure it:
             optimizer state, activations, temporaries; FSDPMemTracker refuses a sampler's repeated calls),
             beside the hand model of ddrl.training.memory with the ratio of the two.
     time    RuntimeEstimator's roofline (max(FLOPs / peak, bytes / bandwidth) per aten op) with the
-            device figures of DEVICE below; rollout and update apart.
+            device figures of DEVICE below; rollout and update apart. Two corrections to torch's: its
+            compute time was 1.5x under the peak's (TORCH_FLOPS_TO_NS_SPEEDUP), and it charged views and
+            `tensor.device` the bytes of their tensors (moves_no_data).
     syncs   every data-dependent read (.item(), .tolist(), bool(tensor), nonzero) that a real step makes
             the host wait for, counted by the call site that made it (HostReads).
 
@@ -593,6 +595,46 @@ def _ddp_buckets_tracked(ddp: Any, tracker: Any) -> None:
 
 
 # ------------------------------------------------------------------ time
+# torch.utils._runtime_estimation.flops_to_ns (torch 2.13) times an op as (flops / 2) / (0.75 x the TFLOP/s it
+# is given): a multiply-add counted once against a peak that counts it twice (NVIDIA's datasheets), at 75% of
+# it, i.e. 1.5x faster than the peak allows. Given peak / 1.5, its compute time is flops / peak: a lower bound.
+# tests/unit/test_rehearse_parts.py times one matmul against 2 m n k / peak.
+TORCH_FLOPS_TO_NS_SPEEDUP = 2 * 0.75
+
+
+ALLOCATIONS = frozenset({aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
+                         aten.new_empty.default, aten.new_empty_strided.default})
+
+
+def moves_no_data(func: Any) -> bool:
+    """An op no kernel reads memory for: a metadata query (prim::device, prim::layout), a view (its output
+    aliases an input without writing it: slice, narrow, as_strided ...) or an allocation. torch's roofline
+    ignores a list of views only; it charges the rest the bytes of their inputs and outputs at HBM speed,
+    and `tensor.device`, which Python code asks of every big tensor, was most of a rehearsed step's time."""
+    if func.namespace == "prim" or func in ALLOCATIONS:
+        return True
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+
+
+class TotalOnly:
+    """A ModTracker that tracks no module: RuntimeEstimator then adds every op's time to its total only."""
+
+    parents: tuple[str, ...] = ()
+    is_bw = False
+
+    def register_user_hooks(self, **hooks: Any) -> None:
+        pass
+
+    def clear_user_hooks(self) -> None:
+        pass
+
+    def __enter__(self) -> TotalOnly:
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        pass
+
+
 @contextmanager
 def roofline(device: Device) -> Iterator[Any]:
     """RuntimeEstimator in roofline mode ("operator-level-cost-model") with `device`'s figures. The
@@ -602,14 +644,20 @@ def roofline(device: Device) -> Iterator[Any]:
     from torch.distributed._tools.runtime_estimator import RuntimeEstimator
     import torch.utils._runtime_estimation as estimation
 
-    def tflops(dtype: torch.dtype) -> float:
-        return device.fp32_tflops if dtype == torch.float32 else device.bf16_tflops
+    def tflops(dtype: torch.dtype) -> float:  # the figure that makes torch's compute time flops / peak
+        peak = device.fp32_tflops if dtype == torch.float32 else device.bf16_tflops
+        return peak / TORCH_FLOPS_TO_NS_SPEEDUP
 
     est = RuntimeEstimator()
     est("operator-level-cost-model")
+    # Total time only (the rehearsal reads est.total_runtime): no per-module split, so no ModTracker, whose
+    # hooks on every module call cost most of an MoE rehearsal's time (LLaDA2: 256 expert calls a layer)
+    est._mod_tracker = TotalOnly()  # type: ignore[assignment]
     available = torch.cuda.is_available
 
     def estimate(func: Any, args: Any, kwargs: Any) -> Any:
+        if moves_no_data(func):
+            return func(*args, **(kwargs or {})), 0.0
         torch.cuda.is_available = lambda: True  # only for the estimator's own assertion
         try:
             return RuntimeEstimator._roofline_estimate(func, args, kwargs)
@@ -743,7 +791,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
 
     from ddrl.data import prompt_budget
     from ddrl.models import load_model
-    from ddrl.training.memory import Counts, DEFAULT_PROMPT_TOKENS, estimate_memory
+    from ddrl.training.memory import Counts, estimate_memory
     from ddrl.training.trainer import Provided, Trainer
 
     with torch.device("meta"), _weights_unread():
@@ -873,25 +921,43 @@ def fit_advice(report: Rehearsal) -> list[str]:
             for term, text, applies in sorted(options, key=lambda o: -o[0]) if applies]
 
 
+@dataclass
+class FullDepthHand:
+    layers: int
+    estimate: Any  # ddrl.training.memory.MemoryEstimate
+
+
+def full_depth_hand(cfg: Any, world_size: int) -> FullDepthHand | None:
+    """The hand model beside an extrapolated rehearsal: the family's shipped config.json at the recipe's
+    published shape and full depth, the rollout's prompt width; None for a checkpoint file (rehearsed
+    whole, its hand figure counts the built module). Seconds, no model built: `bench/rehearse_all.py
+    --hand-only` lists it for every recipe."""
+    from ddrl.training.memory import estimate_memory, shape_from_config
+
+    source, shape = family_source(cfg.model.path)
+    if source.is_file():
+        return None
+    name = "transformer/config.json" if (source / "transformer").is_dir() else "config.json"
+    full = shape_from_config(sized_config(json.loads((source / name).read_text()), shape, None))
+    width = cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS
+    return FullDepthHand(full.n_layers, estimate_memory(cfg, full, world_size, prompt_tokens=width))
+
+
 def rehearse_extrapolated(config: str | Path, overrides: list[str] | None = None, world_size: int = 8, *,
                           device: Device = DEVICE, check_fit: bool = True,
                           recipe_steps: int | None = None, one_share: bool = False) -> Rehearsal:
     """The recipe at its full depth from rehearsals at EXTRAPOLATE_LAYERS (full width): a full-depth
     rehearsal takes minutes per layer on a CPU. See extrapolate for why a line holds."""
     from ddrl.config import RLConfig, load_config
-    from ddrl.training.memory import estimate_memory, shape_from_config
 
     cfg = load_config(config, overrides, RLConfig)
-    source, shape = family_source(cfg.model.path)
-    if source.is_file():  # a checkpoint file (SEPO's 3.3M-parameter DNA CNN): no layer count to resize, rehearsed whole
+    hand = full_depth_hand(cfg, world_size)
+    if hand is None:  # a checkpoint file (SEPO's 3.3M-parameter DNA CNN): no layer count to resize, rehearsed whole
         return rehearse(config, overrides, world_size, device=device, check_fit=check_fit,
                         recipe_steps=recipe_steps, one_share=one_share)
     fewer, more = (rehearse(config, overrides, world_size, layers=n, device=device, check_fit=False,
                            recipe_steps=recipe_steps, one_share=one_share) for n in EXTRAPOLATE_LAYERS)
-    name = "transformer/config.json" if (source / "transformer").is_dir() else "config.json"
-    full = shape_from_config(sized_config(json.loads((source / name).read_text()), shape, None))
-    width = cfg.rollout.max_prompt_length or DEFAULT_PROMPT_TOKENS
-    report = extrapolate(fewer, more, full.n_layers, estimate_memory(cfg, full, world_size, prompt_tokens=width))
+    report = extrapolate(fewer, more, hand.layers, hand.estimate)
     _write(report, Path(cfg.output_dir) / "rehearsal")
     if check_fit:
         require_fit(report)

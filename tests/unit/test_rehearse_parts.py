@@ -225,6 +225,29 @@ def test_bench_passes_its_overrides_to_every_rehearsal(tmp_path, monkeypatch):
         bench.parse_args(["--only", "d1", "dist.cpu_offload=true"])
 
 
+def test_bench_hand_only_lists_the_hand_model_without_rehearsing(capsys, monkeypatch):
+    """`bench/rehearse_all.py [KEY=VALUE ...] --hand-only`: the hand column at each row's world size and
+    with the overrides, in seconds (no rehearsal), e.g. to recheck every ratio after a hand-model change."""
+    from ddrl.config import RLConfig, load_config
+    from ddrl.training.memory import estimate_memory
+
+    bench = _bench()
+    monkeypatch.setattr(bench, "rehearse_extrapolated", lambda *a, **k: pytest.fail("--hand-only rehearsed"))
+    figures = {}
+    for words in ([], ["dist.strategy=fsdp"]):
+        assert bench.main([*words, "--quick", "--hand-only", "--only", "diffu_grpo_llada8b", "gdsd_llada8b"]) == 0
+        rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| configs/")]
+        assert [r.split(" | ")[1].split()[0] for r in rows] == ["8", "5"]  # gdsd's 20 groups: its own 5
+        figures[tuple(words)] = float(rows[0].split(" | ")[2].rstrip(" |"))
+    # LLaDA-8B LoRA under DDP and FSDP2: the hand model at the published shape, 8 ranks, --quick's overrides and
+    # the recipe's 200-token prompts (rollout.max_prompt_length)
+    for words, figure in figures.items():
+        path = Path("configs/paper/diffu_grpo_llada8b.yaml")
+        cfg = load_config(path, [*words, *bench.quick_overrides(path, tuple(words))[0]], RLConfig)
+        assert figure == pytest.approx(estimate_memory(cfg, LLADA_8B, 8, prompt_tokens=200).total / GB, abs=0.06)
+    assert figures[("dist.strategy=fsdp",)] < figures[()] - 5  # FSDP2 shards what DDP replicates
+
+
 def test_sepo_dna_placeholder_is_built_at_drakes_size_and_rehearsed_whole(tmp_path):
     """configs/paper/sepo/dna_enhancer.yaml names a Lightning .ckpt: the rehearsal writes the CNN in ddrl's
     layout at DRAKES's size (128 channels, 4 stacks of 5 dilated convolutions), loadable by load_model, and
@@ -241,3 +264,42 @@ def test_sepo_dna_placeholder_is_built_at_drakes_size_and_rehearsed_whole(tmp_pa
     assert model.family == "mdlm_dna" and len(model.model.convs) == 20
     with pytest.raises(ValueError, match="rehearsed whole"):
         sized_model_dir("/path/to/mdlm_dna_pretrained.ckpt", 4, tmp_path / "again")
+
+
+def test_roofline_times_an_op_by_the_h200_figures_and_tracks_no_module():
+    """The rehearsal's clock: one bf16 [4096 x 4096] @ [4096 x 4096] matmul takes 2 * 4096^3 flops at 989
+    TFLOP/s (compute-bound), and no ModTracker hooks are hung on module calls (the total is all the
+    rehearsal reads; an MoE block's 256 expert calls a layer made those hooks most of its CPU time)."""
+    import torch.nn.modules.module as module_hooks
+
+    from ddrl.training.rehearse import DEVICE, roofline
+
+    with FakeTensorMode():
+        a = torch.empty(4096, 4096, dtype=torch.bfloat16, device="cuda")
+        linear = torch.nn.Linear(8, 8)
+        with roofline(DEVICE) as est:
+            assert not module_hooks._global_forward_pre_hooks and not module_hooks._global_forward_hooks
+            _ = a @ a
+            ms = est.total_runtime
+            linear(torch.empty(2, 8))
+    assert ms == pytest.approx(2 * 4096 ** 3 / (DEVICE.bf16_tflops * 1e12) * 1e3, rel=1e-6)
+
+
+def test_roofline_charges_no_time_to_metadata_views_and_allocations():
+    """`x.device`, a slice and torch.empty move no data on a GPU: torch's roofline charged each the bytes of
+    its tensors at HBM speed (78% of a rehearsed LLaDA2 step's time was prim::device). A copy and an
+    in-place add still move theirs: 2 and 3 x 1 GiB (read, read + write) at 4.8 TB/s."""
+    from ddrl.training.rehearse import DEVICE, roofline
+
+    with FakeTensorMode():
+        x = torch.empty(2 ** 29, dtype=torch.bfloat16, device="cuda")  # 1 GiB
+        with roofline(DEVICE) as est:
+            _ = x.device, torch.ops.aten.slice(x, 0, 0, 2 ** 28), x.narrow(0, 8, 8), torch.empty_like(x), x.view(2, -1)
+            free = est.total_runtime
+            y = x.clone()
+            copy = est.total_runtime - free
+            y.add_(x)
+            add = est.total_runtime - free - copy
+    assert free == 0
+    gib_ms = 2 ** 30 / (DEVICE.hbm_gbps * 1e9) * 1e3
+    assert copy == pytest.approx(2 * gib_ms, rel=1e-3) and add == pytest.approx(3 * gib_ms, rel=1e-3)
