@@ -304,12 +304,8 @@ class DiffusionLM(nn.Module):
         """
         run = functools.partial(self.model, input_ids, attention_mask=attention_mask, **kwargs)
         if raw:
-            if keeps_some(logits_to_keep) or targets is not None or class_range is not None:
-                raise ValueError("forward(raw=True) gives every position's and class's logits: pass no "
-                                 "logits_to_keep, targets or class_range with it")
-            out = run()
-            return DiffusionLMOutput(logits=self.align_logits(out.logits, suppress=False),
-                                     past_key_values=getattr(out, "past_key_values", None))
+            out, logits = self._raw_forward(run, logits_to_keep, targets, class_range)
+            return DiffusionLMOutput(logits=logits, past_key_values=getattr(out, "past_key_values", None))
         kind = logits_to_keep_kind(self.model)
         if targets is not None:
             check_class_range(class_range, self.vocab_size, targets=targets)
@@ -416,6 +412,15 @@ class DiffusionLM(nn.Module):
                                suppressed=self.suppressed_vocab(self.vocab_size, hidden.device),
                                class_range=class_range, chunk=self.logprob_chunk, backend=self.logprob_backend,
                                linear=linear)
+
+    def _raw_forward(self, run: Callable[[], Any], logits_to_keep: LogitsToKeep, targets: TargetRequest | None,
+                     class_range: tuple[int, int] | None) -> tuple[Any, Tensor]:
+        """forward(raw=True): the backbone's output and its every position's and class's logits, aligned."""
+        if keeps_some(logits_to_keep) or targets is not None or class_range is not None:
+            raise ValueError("forward(raw=True) gives every position's and class's logits: pass no "
+                             "logits_to_keep, targets or class_range with it")
+        out = run()
+        return out, self.align_logits(out.logits, suppress=False)
 
     def align_logits(self, logits: Tensor, suppress: bool = True) -> Tensor:
         """The backbone's logits [B, T, V] -> ours: undo the Dream shift, suppress the mask token (unless

@@ -130,10 +130,11 @@ class HFDiffusionLM(DiffusionLM):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,  # type: ignore[override]
                 position_ids: Tensor | None = None, past_key_values: Any = None, use_cache: bool = False, *,
                 logits_to_keep: LogitsToKeep = None, targets: TargetRequest | None = None,
-                class_range: tuple[int, int] | None = None) -> DiffusionLMOutput:
+                class_range: tuple[int, int] | None = None, raw: bool = False) -> DiffusionLMOutput:
         """input_ids [B, T_new] -> logits [B, T_new, V] aligned with the input (DiffusionLM's contract;
         [B, K, V] for the K positions of logits_to_keep; with targets, target_logprobs [B, K] and no logits;
-        with class_range (a, b), the logits of ids [a, b) only, [B, K, b - a]: DiffusionLM._ranged_forward).
+        with class_range (a, b), the logits of ids [a, b) only, [B, K, b - a]: DiffusionLM._ranged_forward;
+        raw: every class's logits, the mask's included, as DiffusionLM.forward's).
 
         attention_mask: None; [B, T_past + T_new] padding mask (1 = real); or a boolean
         [B, (1,) T_new, T_past + T_new] mask used as given. position_ids [B, T_new].
@@ -151,6 +152,9 @@ class HFDiffusionLM(DiffusionLM):
         if self._feed.takes_cache and (past_key_values is not None or use_cache):
             kwargs.update(past_key_values=past_key_values, use_cache=use_cache)
         run = functools.partial(self._feed.run, self, input_ids, attention_mask, **kwargs)
+        if raw:  # every class's logits, unsuppressed (DiffusionLM.forward's raw)
+            out, logits = self._raw_forward(run, logits_to_keep, targets, class_range)
+            return DiffusionLMOutput(logits=logits, past_key_values=_backbone_cache(out))
         kind = logits_to_keep_kind(self.model) if self.attention == "native" else None
         if targets is not None:  # log-probs from the hidden states, chunked (DiffusionLM._scored_forward)
             check_class_range(class_range, self.vocab_size, targets=targets)

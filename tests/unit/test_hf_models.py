@@ -418,3 +418,20 @@ def test_tiny_diffusion_gemma_loads_samples_and_trains(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(again.eval()(seq, attention_mask=mask).logits,
                                    model.eval()(seq, attention_mask=mask).logits)
+
+
+def test_hf_model_gives_raw_logits_with_the_mask_class(tmp_path):
+    """forward(raw=True) on a Hugging Face model (SEPO's concrete score with states=clean reads the mask
+    class's logit): the remote code's own logits, every class's, through the model's forward (a wrapper's
+    hooks run); it refuses the options that cut positions or classes. Before, a TypeError."""
+    from transformers import AutoModel
+
+    d = write_tiny_model(tmp_path / "m", mask_token_id=3)
+    model = load_model(d, trust_remote_code=True).eval()
+    ids = torch.tensor([[2, 4, 3, 6, 3]])
+    with torch.no_grad():
+        raw = model(ids, raw=True).logits
+        backbone = AutoModel.from_pretrained(str(d), trust_remote_code=True, local_files_only=True).eval()
+        torch.testing.assert_close(raw, backbone(ids).logits)
+    with pytest.raises(ValueError, match="raw=True"):
+        model(ids, raw=True, logits_to_keep=2)
