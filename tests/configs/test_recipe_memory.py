@@ -1,6 +1,6 @@
 """Every paper recipe fits an 80 GB GPU (or the larger GPU its header's "# Device:" line names and says
-why) at the GPU counts its header declares, by the memory model's own estimate (ddrl.training.memory; `ddrl train --dry-run CONFIG --world-size N`), and gradient
-checkpointing in the LoRA recipes is on exactly where a step needs it: it recomputes every block's
+why) at the GPU counts its header declares, by the memory model's own estimate (ddrl.training.memory;
+`ddrl train --dry-run CONFIG --world-size N`), and gradient checkpointing in the LoRA recipes is on exactly where a step needs it: it recomputes every block's
 forward in backward, a third of the update's compute, so a recipe that fits without it leaves it off.
 A full fine-tuning recipe that only fits through row chunks (UniGRPO's 35 masked copies) says so."""
 
@@ -17,7 +17,7 @@ from ddrl.training.memory import GB, estimate_memory, model_shape
 ROOT = Path(__file__).resolve().parents[2]
 BUDGET = 70 * GB  # an 80 GB GPU less ~10 GB for the CUDA context, NCCL and fragmentation (not modelled)
 # A recipe that needs a larger GPU names it in a "# Device: H200 ..." header line; 10% left for the same
-DEVICE_BUDGETS = {"H200": 0.9 * 141 * GB}
+DEVICES = {"H200": 141 * GB}
 PAPER = sorted((ROOT / "configs/paper").rglob("*.yaml"))
 LORA = [p for p in PAPER if load_config(p, [], RLConfig).model.lora.rank > 0]
 DEFAULT_GPUS = 8  # one node, when the header names no process counts
@@ -39,14 +39,20 @@ def declared_gpus(config: Path, cfg: RLConfig) -> list[int]:
     return [1] if cfg.dist.strategy == "none" else [DEFAULT_GPUS]
 
 
-def budget(config: Path) -> float:
-    """BUDGET, or the budget of the GPU the recipe's "# Device:" line names (its reason on that line)."""
+def device_bytes(config: Path) -> float:
+    """80 GB, or the memory of the GPU the recipe's "# Device:" line names (its reason on that line)."""
     for line in header(config, with_base=False).splitlines():
         if line.startswith("# Device:"):
             name = line.split(":", 1)[1].split()[0]
-            assert name in DEVICE_BUDGETS, f"{config.name}: unknown device {name!r} (known: {', '.join(DEVICE_BUDGETS)})"
-            return DEVICE_BUDGETS[name]
-    return BUDGET
+            assert name in DEVICES, f"{config.name}: unknown device {name!r} (known: {', '.join(DEVICES)})"
+            return DEVICES[name]
+    return 80 * GB
+
+
+def budget(config: Path) -> float:
+    """BUDGET on an 80 GB GPU, 90% of a larger one the header names."""
+    size = device_bytes(config)
+    return BUDGET if size == 80 * GB else 0.9 * size
 
 
 @pytest.mark.parametrize("config", PAPER, ids=lambda p: str(p.relative_to(ROOT / "configs/paper")))
@@ -68,7 +74,7 @@ def test_every_recipe_fits_an_80gb_gpu_at_its_gpu_counts(config):
             f"their values, and cite them in a header Memory line: rollout.batch_rows (rows per sampler call) "
             f"for the rollout; train.micro_batch_size, train.micro_batch_rows (TraceRL, random_ratio) or "
             f"model.gradient_checkpointing for the update; dist.cpu_offload for the training state.\n"
-            f"{est.report(limit)}")
+            f"{est.report(device_bytes(config))}")
     bounded = cfg.rollout.batch_rows or cfg.train.micro_batch_rows or cfg.dist.cpu_offload
     assert not bounded or "# Memory:" in header(config, with_base=True), (
         f"{config.name}: rollout.batch_rows / train.micro_batch_rows / dist.cpu_offload is set; its header's "
