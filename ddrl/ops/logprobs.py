@@ -222,8 +222,9 @@ class TargetLogSoftmax(torch.autograd.Function):
         logits, targets, lse, suppressed = ctx.saved_tensors
         dtype = lse.dtype
         out = torch.empty_like(logits)  # [M, V] the one buffer, in the logits' dtype
+        in_place = logits.dtype == dtype  # else each piece is computed in lse's dtype and copied back
         for rows in _row_pieces(logits):
-            dz = out[rows] if logits.dtype == dtype else torch.empty(out[rows].shape, dtype=dtype, device=out.device)
+            dz = out[rows] if in_place else torch.empty(out[rows].shape, dtype=dtype, device=out.device)
             dz.copy_(logits[rows])  # [m, V]
             if suppressed is not None:
                 dz.masked_fill_(suppressed, SUPPRESSED_LOGIT)
@@ -232,7 +233,7 @@ class TargetLogSoftmax(torch.autograd.Function):
             dz.scatter_add_(-1, targets[rows, None], g[:, None])  # + g at the target
             if suppressed is not None:
                 dz.masked_fill_(suppressed, 0.0)
-            if dz.data_ptr() != out[rows].data_ptr():
+            if not in_place:
                 out[rows] = dz
         return out, None, None
 

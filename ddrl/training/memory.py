@@ -18,7 +18,8 @@ under model.mixed_precision=bf16, else b)):
     rollout        compute weights: FSDP all-gathers the whole model for generation (P c); DDP or
                    one process under bf16 autocast caches a bf16 copy of every fp32 weight that
                    requires grad for the whole autocast block (P_t 2)
-                   + one no-grad forward over F rows x T tokens (one layer's transient, F T (4d + 3f + x) c)
+                   + one no-grad forward over F rows x T tokens (one layer's transient, F T (4d + 3f) c;
+                   an MoE block's instead when larger, F T m: below)
                    + the block's logits R W V (c + 12): compute dtype, then ~3 fp32 temporaries
                    (Gumbel uniforms, tempered logits, softmax); under guidance the larger of that and
                    R W V 4c (both passes' logits, 2R rows, and two temporaries of guided_logits).
@@ -99,10 +100,13 @@ with train.micro_batch_rows (an estimator's own training rows: TraceRL's trace s
 Mixtures of experts (LLaDA2.0/2.1-mini: 16.3B parameters, 1.43B active). Weights, gradients, AdamW
 state, the reference copy and FSDP's gathered units count every parameter (P: all experts; an FSDP unit
 is a whole block, every expert in it); activations count what one token runs through. The no-grad
-forward and the backward temporaries take the widest block's active SwiGLU width f = (K + shared) x
-expert width (9 x 512 = 4608, against the dense first block's 5120: the larger is taken), plus x, an
-MoE block's dispatch per token: 3 K d (its K routed copies of the input, the experts' outputs and the
-weighted outputs) and the router's fp32 logits and scores (2 E x 4 bytes); x = 0 for a dense model.
+backward temporaries take the widest block's active SwiGLU width f = (K + shared) x expert width
+(9 x 512 = 4608, against the dense first block's 5120: the larger is taken). The no-grad forward takes
+the larger of the dense block's transient and the MoE block's, m = 4 d c + K d (c + 4) + 16 E a token:
+routed_experts peaks where its K outputs, in (token, slot) order, are cast to fp32 for the router's
+weights, beside the block's residual stream and normed input, and the router's fp32 logits, scores,
+biased scores and group scores (measured on a real-width LLaDA2.0-mini MoE block with MemTracker:
+118,944 bytes a token, this 118,784; tests/unit/test_memory_model.py).
 The saved activations take the larger of the dense and the MoE block's (_moe_saved_bytes: the experts
 at the active width, the dispatch and the router as measured). K = experts per token, E = routed experts. The auxiliary balance loss (method.moe_aux_loss_coef) adds [E] per sequence and layer.
 LoRA on gate/up/down_proj adapts every expert of an MoE block.
@@ -213,13 +217,6 @@ class ModelShape:
             return self.ffn
         moe = (self.experts_per_token + self.shared_experts) * self.expert_ffn
         return max(moe, self.ffn if self.dense_layers else 0)
-
-    @property
-    def dispatch_width(self) -> int:
-        """Per-token elements an MoE block adds to its activations: the k routed copies of the token's
-        input, of the experts' outputs and of the weighted outputs (k d each; ddrl's routed_experts),
-        and the router's fp32 logits and scores (2 E, counted in elements of 4 bytes as 2 x 2)."""
-        return 3 * self.experts_per_token * self.d_model + 4 * self.experts if self.moe_layers else 0
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each block linear by its module names in every family ddrl loads."""
@@ -493,9 +490,9 @@ def _rollout_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strateg
     r = cfg.rollout
     R = rollout_rows_per_call(cfg, world)
     F = 2 * R if r.cfg_scale > 0 else R  # rows through the model: the unconditional ones too under guidance
-    W, d, V = min(r.block_length or r.gen_length, r.gen_length), shape.d_model, shape.vocab
+    W, V = min(r.block_length or r.gen_length, r.gen_length), shape.vocab
     terms = _compute_weights(strategy, shape, counts, c, bf16, whole=True)
-    terms["no-grad forward (one layer)"] = F * T * (4 * d + 3 * shape.active_ffn + shape.dispatch_width) * c
+    terms["no-grad forward (one layer)"] = F * T * forward_transient_bytes(shape, c)
     N = shape.codebook
     # the image samplers of an image model (its completions are codes) ask for the codebook's logits only
     codes = N > 0 and r.name in ("metric_path", "maskgit", "emerge") and (
@@ -566,6 +563,16 @@ def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy
     chunk = min(LOGPROB_CHUNK_ELEMENTS, tokens * shape.vocab)
     terms["final hidden + one logits chunk"] = tokens * d * c + chunk * (c + 12)
     return terms
+
+
+def forward_transient_bytes(shape: ModelShape, c: int) -> int:
+    """Bytes a token holds at the peak of one layer's no-grad forward (module doc): a dense block's
+    (4 d + 3 f) c, or an MoE block's when larger (routed_experts' fp32 weighting of its K outputs)."""
+    d = shape.d_model
+    dense = (4 * d + 3 * shape.ffn) * c if shape.dense_layers or not shape.moe_layers else 0
+    if not shape.moe_layers:
+        return dense
+    return max(dense, 4 * d * c + shape.experts_per_token * d * (c + 4) + 16 * shape.experts)
 
 
 def block_saved_bytes(cfg: Any, shape: ModelShape, c: int, r: int, *, moe: bool | None = None) -> int:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from ddrl.config import ConfigError, RLConfig, load_config
 from ddrl.training.distributed import DistInfo, check_memory_fits, resolve_strategy
@@ -495,3 +496,58 @@ def test_estimator_copies_are_what_the_estimator_declares():
     # L x V passes are no_grad, and num_positions (4 by default) is not read
     dna = load_config(ROOT / "configs/paper/sepo/dna_enhancer.yaml", [], RLConfig)
     assert estimator_copies(build_method(dna)) == 1
+
+
+def _layer_forward_peak_per_token(kind: str) -> float:
+    """Bytes a token adds to the peak of one no-grad forward of a real-width LLaDA2.0-mini block
+    ("dense": its first; "moe": a routed one), measured by MemTracker on fake tensors (the rehearsal's
+    host-read stand-ins route the tokens evenly), by difference between 512 and 1,024 tokens."""
+    import json
+    from contextlib import ExitStack
+
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from ddrl.models.native.llada2 import LLaDA2Backbone, LLaDA2Config
+    from ddrl.training.memory import LLADA2_MINI as S
+    from ddrl.training.rehearse import DeviceGuardless, HostReads
+
+    raw = json.loads((ROOT / "tests/fixtures/llada2/model-2.0/config.json").read_text())
+    raw.update(hidden_size=S.d_model, num_attention_heads=S.n_heads, num_key_value_heads=S.n_kv_heads,
+               head_dim=S.head_dim, intermediate_size=S.ffn, num_experts=S.experts, n_group=8, topk_group=4,
+               num_experts_per_tok=S.experts_per_token, moe_intermediate_size=S.expert_ffn, num_hidden_layers=2)
+    config = LLaDA2Config.from_dict(raw, block_size=32, token_editing=False)
+    cpu = torch.device("cpu")
+    peaks = []
+    with ExitStack() as stack:
+        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        reads = HostReads()
+        for context in (reads, reads.objects(), DeviceGuardless(reads)):
+            stack.enter_context(context)
+        with unset_fake_temporarily(), torch.device("meta"):
+            model = LLaDA2Backbone(config).to(torch.bfloat16)
+        model = model.to_empty(device=cpu)
+        layer = model.layers[0 if kind == "dense" else 1]
+        for T in (512, 1024):
+            h = torch.empty(1, T, S.d_model, dtype=torch.bfloat16)
+            cos, sin = model._rotary(torch.arange(T)[None], torch.bfloat16)
+            tracker = MemTracker()
+            tracker.track_external(layer)
+            with tracker, torch.no_grad():
+                start = tracker.get_tracker_snapshot("current").get(cpu, {}).get("Total", 0)
+                layer(h, cos, sin, None, None)
+            peaks.append(tracker.get_tracker_snapshot("peak")[cpu]["Total"] - start)
+    return (peaks[1] - peaks[0]) / 512
+
+
+def test_the_no_grad_forward_term_is_the_measured_peak_of_an_moe_block():
+    """The rollout's one-layer transient: an MoE block's as measured, to 1% (routed_experts' fp32
+    weighting of its K outputs, in place; its gathered inputs freed with the expert calls: before,
+    250,016 bytes a token, over twice the K d (c + 4) this counts), and the dense block's to 10%."""
+    from ddrl.training.memory import LLADA2_MINI, forward_transient_bytes
+
+    moe = _layer_forward_peak_per_token("moe")
+    assert forward_transient_bytes(LLADA2_MINI, 2) == pytest.approx(moe, rel=0.01)
+    d, f = LLADA2_MINI.d_model, LLADA2_MINI.ffn
+    assert (4 * d + 3 * f) * 2 == pytest.approx(_layer_forward_peak_per_token("dense"), rel=0.1)
+    assert forward_transient_bytes(LLADA_8B, 2) == (4 * 4096 + 3 * LLADA_8B.ffn) * 2  # a dense model: its block

@@ -281,15 +281,20 @@ class LLaDA2SparseMoe(nn.Module):
 def routed_experts(experts: nn.ModuleList, x: Tensor, idx: Tensor, weights: Tensor) -> Tensor:
     """x [N, D], idx / weights [N, k] -> sum_j weights[:, j] * expert_{idx[:, j]}(x)  [N, D].
 
-    The N*k (token, slot) pairs are sorted by expert; each expert runs once on its contiguous slice."""
+    The N*k (token, slot) pairs are sorted by expert; each expert runs once on its contiguous slice.
+    Written so that a no-grad pass (the rollout) holds at most the outputs in both orders and their
+    weighted fp32 copy: the gathered inputs die with the expert calls, and the weighting is in place
+    on the fp32 copy (the same values as the modeling file's `.type(fp32).mul_(weights)`). Under
+    autograd the same tensors are saved either way."""
     N, k = idx.shape
     flat = idx.reshape(-1)  # [N*k]
     order = flat.argsort(stable=True)  # pair positions grouped by expert
     counts = torch.bincount(flat, minlength=len(experts)).tolist()  # one host read per layer
-    pieces = x[order // k].split(counts)  # per expert [n_e, D]
-    out_sorted = torch.cat([expert(piece) for expert, piece in zip(experts, pieces)])  # [N*k, D]
-    out = torch.empty_like(out_sorted).index_copy(0, order, out_sorted)  # back to (token, slot) order
-    return (out.view(N, k, -1).to(weights.dtype) * weights[..., None]).sum(dim=1).to(x.dtype)
+    out = torch.cat([expert(piece) for expert, piece in zip(experts, x[order // k].split(counts))])  # [N*k, D]
+    out = torch.empty_like(out).index_copy(0, order, out)  # back to (token, slot) order
+    weighted = out.view(N, k, -1).to(weights.dtype)  # [N, k, D] fp32
+    del out
+    return weighted.mul_(weights[..., None]).sum(dim=1).to(x.dtype)
 
 
 class LLaDA2DecoderLayer(nn.Module):
