@@ -77,7 +77,11 @@ under model.mixed_precision=bf16, else b)):
                      + the backward of one block: 5 f c per token beyond a (the rehearsal's tracker at
                      the update's peak, LLaDA-8B and URSA alike: the block's recomputed up projection and
                      7 [T, f] temporaries of SiLU's backward and the gated product's gradients, 8 f c,
-                     where a counts 3)
+                     where a counts 3); an MoE block's instead when larger: 2 K d 4 + 4 d c, the
+                     router weighting's two fp32 [T, K, d] gradients (of the weighted outputs and,
+                     summed, of the weights) and the block's [T, d] gradients (measured on a real-width
+                     LLaDA2.0-mini MoE block: 147,455 bytes a token, this 147,456; LLaDA2's dense block
+                     takes 3.4 f c, this 5: tests/unit/test_memory_model.py)
                      + the final hidden states T d c and one chunk of 2**24 logits (c + 12 bytes
                      each): log p(target) is computed chunk by chunk, no [T, V] logits
                      (ddrl.ops.logprobs)
@@ -100,9 +104,9 @@ with train.micro_batch_rows (an estimator's own training rows: TraceRL's trace s
 Mixtures of experts (LLaDA2.0/2.1-mini: 16.3B parameters, 1.43B active). Weights, gradients, AdamW
 state, the reference copy and FSDP's gathered units count every parameter (P: all experts; an FSDP unit
 is a whole block, every expert in it); activations count what one token runs through. The no-grad
-backward temporaries take the widest block's active SwiGLU width f = (K + shared) x expert width
-(9 x 512 = 4608, against the dense first block's 5120: the larger is taken). The no-grad forward takes
-the larger of the dense block's transient and the MoE block's, m = 4 d c + K d (c + 4) + 16 E a token:
+forward and the backward's temporaries take the larger of the dense first block's and an MoE block's:
+the backward 5 f c (f = the dense block's 5120) against 2 K d 4 + 4 d c (above); the forward
+(4 d + 3 f) c against m = 4 d c + K d (c + 4) + 16 E a token:
 routed_experts peaks where its K outputs, in (token, slot) order, are cast to fp32 for the router's
 weights, beside the block's residual stream and normed input, and the router's fp32 logits, scores,
 biased scores and group scores (measured on a real-width LLaDA2.0-mini MoE block with MemTracker:
@@ -209,14 +213,6 @@ class ModelShape:
         active_moe = self._block(self.experts * d + 3 * d * f * (self.experts_per_token + self.shared_experts))
         return ((self.n_layers - self.moe_layers) * self.dense_block_params + self.moe_layers * active_moe
                 + self.root_params)
-
-    @property
-    def active_ffn(self) -> int:
-        """The SwiGLU width one token runs through in the widest block: what activations count."""
-        if not self.moe_layers:
-            return self.ffn
-        moe = (self.experts_per_token + self.shared_experts) * self.expert_ffn
-        return max(moe, self.ffn if self.dense_layers else 0)
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each block linear by its module names in every family ddrl loads."""
@@ -558,7 +554,7 @@ def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy
         terms["activations"] = L * block
     # the block being back-propagated: SiLU's backward and the gated product's gradients, 7 [tokens, f]
     # tensors alive at once beside the block's 1 kept (recomputed) one; a counts 3 (module doc)
-    terms["one block's backward temporaries"] = tokens * BACKWARD_FFN_TEMPORARIES * shape.active_ffn * c
+    terms["one block's backward temporaries"] = tokens * backward_temporary_bytes(shape, c)
     # log p(target) from the final hidden states, the LM head chunk by chunk (ddrl.ops.logprobs)
     chunk = min(LOGPROB_CHUNK_ELEMENTS, tokens * shape.vocab)
     terms["final hidden + one logits chunk"] = tokens * d * c + chunk * (c + 12)
@@ -573,6 +569,17 @@ def forward_transient_bytes(shape: ModelShape, c: int) -> int:
     if not shape.moe_layers:
         return dense
     return max(dense, 4 * d * c + shape.experts_per_token * d * (c + 4) + 16 * shape.experts)
+
+
+def backward_temporary_bytes(shape: ModelShape, c: int) -> int:
+    """Bytes a token adds, beyond the block's saved activations, at the peak of one block's backward
+    (module doc): a dense block's BACKWARD_FFN_TEMPORARIES f c, or an MoE block's when larger (the router
+    weighting's fp32 gradients, 2 K d 4, and 4 d c)."""
+    d = shape.d_model
+    dense = BACKWARD_FFN_TEMPORARIES * shape.ffn * c if shape.dense_layers or not shape.moe_layers else 0
+    if not shape.moe_layers:
+        return dense
+    return max(dense, 2 * shape.experts_per_token * d * 4 + 4 * d * c)
 
 
 def block_saved_bytes(cfg: Any, shape: ModelShape, c: int, r: int, *, moe: bool | None = None) -> int:

@@ -711,8 +711,8 @@ class Rehearsal:
         lines += [f"    {name:<42}{v / GB:9.2f}" for name, v in self.peak_split.items() if v]
         ratio = self.peak_bytes / self.hand_total_bytes if self.hand_total_bytes else float("nan")
         if self.settings.get("cpu_offload"):
-            lines.append("    (CPU offload: the parameter shards and AdamW state are host memory and not counted; the "
-                         "sharded gradients are, an upper bound)")
+            lines.append("    (CPU offload: the parameter shards, their gradients and AdamW state are host memory, "
+                         "not counted)")
         lines += [f"  {'peak (tracker)':<44}{self.peak_bytes / GB:9.2f}",
                   f"  {'  peak up to the end of the rollout':<44}{self.rollout_peak_bytes / GB:9.2f}",
                   f"  {'hand model (ddrl.training.memory)':<44}{self.hand_total_bytes / GB:9.2f}"
@@ -1037,7 +1037,7 @@ def step_memory_tracker(*tracked: Any) -> Any:
     """A MemTracker (below) over `tracked` (modules, optimizers), not yet entered."""
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
-    _PARAM, _OPT = _MemRefType.PARAM, _MemRefType.OPT
+    _PARAM, _OPT, _GRAD = _MemRefType.PARAM, _MemRefType.OPT, _MemRefType.GRAD
 
     class FrozenAwareMemTracker(MemTracker):
         """MemTracker hooks every parameter's gradient, which a frozen one (a LoRA base) refuses; without
@@ -1114,13 +1114,16 @@ def step_memory_tracker(*tracked: Any) -> Any:
             on every op, a loop over all of them: an MoE layer of 256 experts is over a thousand
             modules, and that loop was most of a rehearsal's time. Per-module peaks are not reported.
             Under CPU offload the host's part is left out of the device's figure: the parameter shards
-            (host_bytes) and the optimizer state. The sharded gradients are not told apart from the
-            backward's temporaries here, so they stay in: an upper bound by one fp32 gradient shard."""
+            (host_bytes), the optimizer state and the sharded gradients (FSDP2 copies each reduce-scattered
+            gradient to its shard's host memory; MemTracker labels a tensor a gradient as the .grad of a
+            tracked parameter, i.e. of a shard; a block's unsharded gradients are the backward's
+            temporaries, on the device, and stay in)."""
             for dev, snap in self._curr_mem_snap.items():
                 device = dict(snap)
                 if self.host_bytes:
                     device[_PARAM] = device.get(_PARAM, 0) - self.host_bytes
                     device.pop(_OPT, None)
+                    device.pop(_GRAD, None)
                     device["Total"] = sum(v for k, v in device.items() if k != "Total")
                 if self._peak_mem.get(dev, 0) < device["Total"]:
                     self._peak_mem[dev] = device["Total"]

@@ -498,19 +498,22 @@ def test_estimator_copies_are_what_the_estimator_declares():
     assert estimator_copies(build_method(dna)) == 1
 
 
-def _layer_forward_peak_per_token(kind: str) -> float:
-    """Bytes a token adds to the peak of one no-grad forward of a real-width LLaDA2.0-mini block
-    ("dense": its first; "moe": a routed one), measured by MemTracker on fake tensors (the rehearsal's
-    host-read stand-ins route the tokens evenly), by difference between 512 and 1,024 tokens."""
+def _block_peak_per_token(kind: str, backward: bool = False) -> dict[str, float]:
+    """Bytes a token adds to the peak of one real-width LLaDA2.0-mini block ("dense": its first; "moe": a
+    routed one) in full fine-tuning with bf16 weights (FSDP2's compute), by the rehearsal's MemTracker category
+    ("ACT", "TEMP", ..., "Total"): a no-grad forward, or (backward) a checkpointed forward and its
+    backward, the update's. Fake tensors (the rehearsal's host-read stand-ins route the tokens evenly),
+    by difference between 16,384 and 32,768 tokens: enough that the tokens' part, not the weights'
+    gradients, sets the moment of the peak, as at the recipes' 163,840."""
     import json
     from contextlib import ExitStack
 
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils.checkpoint import checkpoint
 
     from ddrl.models.native.llada2 import LLaDA2Backbone, LLaDA2Config
     from ddrl.training.memory import LLADA2_MINI as S
-    from ddrl.training.rehearse import DeviceGuardless, HostReads
+    from ddrl.training.rehearse import DeviceGuardless, HostReads, step_memory_tracker
 
     raw = json.loads((ROOT / "tests/fixtures/llada2/model-2.0/config.json").read_text())
     raw.update(hidden_size=S.d_model, num_attention_heads=S.n_heads, num_key_value_heads=S.n_kv_heads,
@@ -528,16 +531,24 @@ def _layer_forward_peak_per_token(kind: str) -> float:
             model = LLaDA2Backbone(config).to(torch.bfloat16)
         model = model.to_empty(device=cpu)
         layer = model.layers[0 if kind == "dense" else 1]
-        for T in (512, 1024):
-            h = torch.empty(1, T, S.d_model, dtype=torch.bfloat16)
+        for T in (16384, 32768):
+            h = torch.empty(1, T, S.d_model, dtype=torch.bfloat16).requires_grad_(backward)
+            grad = torch.empty_like(h)  # the next block's gradient, made before the tracker starts
             cos, sin = model._rotary(torch.arange(T)[None], torch.bfloat16)
-            tracker = MemTracker()
-            tracker.track_external(layer)
-            with tracker, torch.no_grad():
-                start = tracker.get_tracker_snapshot("current").get(cpu, {}).get("Total", 0)
-                layer(h, cos, sin, None, None)
-            peaks.append(tracker.get_tracker_snapshot("peak")[cpu]["Total"] - start)
-    return (peaks[1] - peaks[0]) / 512
+            layer.zero_grad(set_to_none=True)
+            tracker = step_memory_tracker(layer)  # the rehearsal's MemTracker
+            with tracker:
+                start = tracker.get_tracker_snapshot("current").get(cpu, {})
+                if backward:
+                    out = checkpoint(lambda x, c, s: layer(x, c, s, None, None)[0], h, cos, sin, use_reentrant=False)
+                    out.backward(grad)
+                else:
+                    with torch.no_grad():
+                        out = layer(h, cos, sin, None, None)[0]
+                del out
+            peak = tracker.get_tracker_snapshot("peak")[cpu]
+            peaks.append({str(k).split(".")[-1]: v - start.get(k, 0) for k, v in peak.items()})
+    return {k: (peaks[1][k] - peaks[0][k]) / 16384 for k in peaks[0]}
 
 
 def test_the_no_grad_forward_term_is_the_measured_peak_of_an_moe_block():
@@ -546,8 +557,23 @@ def test_the_no_grad_forward_term_is_the_measured_peak_of_an_moe_block():
     250,016 bytes a token, over twice the K d (c + 4) this counts), and the dense block's to 10%."""
     from ddrl.training.memory import LLADA2_MINI, forward_transient_bytes
 
-    moe = _layer_forward_peak_per_token("moe")
+    moe = _block_peak_per_token("moe")["Total"]
     assert forward_transient_bytes(LLADA2_MINI, 2) == pytest.approx(moe, rel=0.01)
     d, f = LLADA2_MINI.d_model, LLADA2_MINI.ffn
-    assert (4 * d + 3 * f) * 2 == pytest.approx(_layer_forward_peak_per_token("dense"), rel=0.1)
+    assert (4 * d + 3 * f) * 2 == pytest.approx(_block_peak_per_token("dense")["Total"], rel=0.1)
     assert forward_transient_bytes(LLADA_8B, 2) == (4 * 4096 + 3 * LLADA_8B.ffn) * 2  # a dense model: its block
+
+
+def test_the_update_terms_are_the_measured_peak_of_an_moe_blocks_backward():
+    """The update's block at the peak of its backward (checkpointed, full fine-tuning, bf16 weights): what it
+    saved (block_saved_bytes, already to the byte on the tiny fixture) plus its input, kept by the
+    tracker as activations, and the backward's temporaries (backward_temporary_bytes: the router
+    weighting's two fp32 [T, K, d] gradients and 4 d c), each to 1%. Counted as a dense block's 5 f c,
+    they were 96 KB a token short: espo/llada2_mini's 15.8 GB (bench/RESULTS.md, issue 33)."""
+    from ddrl.training.memory import LLADA2_MINI, backward_temporary_bytes, block_saved_bytes
+
+    cfg = load_config(ROOT / "configs/paper/espo/llada2_mini.yaml", [], RLConfig)
+    d = LLADA2_MINI.d_model
+    moe = _block_peak_per_token("moe", backward=True)
+    assert block_saved_bytes(cfg, LLADA2_MINI, 2, 2, moe=True) + d * 2 == pytest.approx(moe["ACT"], rel=0.01)
+    assert backward_temporary_bytes(LLADA2_MINI, 2) == pytest.approx(moe["TEMP"], rel=0.01)
