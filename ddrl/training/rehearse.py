@@ -40,8 +40,8 @@ What differs from a GPU run, on purpose, and what the rehearsal does so that mem
   the trackers  MemTracker, not FSDPMemTracker (which refuses a sampler's repeated calls); DTensor's
                 shape propagation, which runs ops on global-shape fake tensors in the fake mode it finds
                 (on a GPU its own, which MemTracker skips; here the rehearsal's), is left untracked;
-                under dist.cpu_offload the host's shards and AdamW state are left out of the device's
-                peak. FLOPs are counted without FlopCounterMode's module tracker, whose gradient hooks
+                under dist.cpu_offload the host's shards, their gradients and AdamW state are left out of
+                the device's peak. FLOPs are counted without FlopCounterMode's module tracker, whose gradient hooks
                 kept every checkpointed block's recomputation alive (_flop_counter).
   the depth     Fake tensors give --extrapolate its reason: a full-depth 8B rehearsal takes minutes per
                 layer here, so EXTRAPOLATE_LAYERS (4 and 6) at full width are rehearsed and extrapolated.
