@@ -77,11 +77,12 @@ under model.mixed_precision=bf16, else b)):
                      + the backward of one block: 5 f c per token beyond a (the rehearsal's tracker at
                      the update's peak, LLaDA-8B and URSA alike: the block's recomputed up projection and
                      7 [T, f] temporaries of SiLU's backward and the gated product's gradients, 8 f c,
-                     where a counts 3); an MoE block's instead when larger: 2 K d 4 + 4 d c, the
-                     router weighting's two fp32 [T, K, d] gradients (of the weighted outputs and,
-                     summed, of the weights) and the block's [T, d] gradients (measured on a real-width
-                     LLaDA2.0-mini MoE block: 147,455 bytes a token, this 147,456; LLaDA2's dense block
-                     takes 3.4 f c, this 5: tests/unit/test_memory_model.py)
+                     where a counts 3); an MoE block's instead when larger: K d 4 + 4 d + 4 d c, its
+                     recomputed forward at the router's weighting (WeightedSlots: the fp32 copy of the K
+                     outputs and their fp32 sum) beside the block's residual stream, attention output
+                     and normed input (measured on a real-width LLaDA2.0-mini MoE block: 90,048 bytes a
+                     token, this 90,112; LLaDA2's dense block takes 3.4 f c, this 5:
+                     tests/unit/test_memory_model.py)
                      + the final hidden states T d c and one chunk of 2**24 logits (c + 12 bytes
                      each): log p(target) is computed chunk by chunk, no [T, V] logits
                      (ddrl.ops.logprobs)
@@ -105,12 +106,12 @@ Mixtures of experts (LLaDA2.0/2.1-mini: 16.3B parameters, 1.43B active). Weights
 state, the reference copy and FSDP's gathered units count every parameter (P: all experts; an FSDP unit
 is a whole block, every expert in it); activations count what one token runs through. The no-grad
 forward and the backward's temporaries take the larger of the dense first block's and an MoE block's:
-the backward 5 f c (f = the dense block's 5120) against 2 K d 4 + 4 d c (above); the forward
-(4 d + 3 f) c against m = 4 d c + K d (c + 4) + 16 E a token:
+the backward 5 f c (f = the dense block's 5120) against K d 4 + 4 d + 4 d c (above); the forward
+(4 d + 3 f) c against m = 4 d c + K d (c + 4) + 4 d + 16 E a token:
 routed_experts peaks where its K outputs, in (token, slot) order, are cast to fp32 for the router's
-weights, beside the block's residual stream and normed input, and the router's fp32 logits, scores,
-biased scores and group scores (measured on a real-width LLaDA2.0-mini MoE block with MemTracker:
-118,944 bytes a token, this 118,784; tests/unit/test_memory_model.py).
+weights and summed (4 d), beside the block's residual stream and normed input, and the router's fp32
+logits, scores, biased scores and group scores (measured on a real-width LLaDA2.0-mini MoE block with
+MemTracker: 127,200 bytes a token, this 126,976; tests/unit/test_memory_model.py).
 The saved activations take the larger of the dense and the MoE block's (_moe_saved_bytes: the experts
 at the active width, the dispatch and the router as measured). K = experts per token, E = routed experts. The auxiliary balance loss (method.moe_aux_loss_coef) adds [E] per sequence and layer.
 LoRA on gate/up/down_proj adapts every expert of an MoE block.
@@ -568,18 +569,18 @@ def forward_transient_bytes(shape: ModelShape, c: int) -> int:
     dense = (4 * d + 3 * shape.ffn) * c if shape.dense_layers or not shape.moe_layers else 0
     if not shape.moe_layers:
         return dense
-    return max(dense, 4 * d * c + shape.experts_per_token * d * (c + 4) + 16 * shape.experts)
+    return max(dense, 4 * d * c + shape.experts_per_token * d * (c + 4) + 4 * d + 16 * shape.experts)
 
 
 def backward_temporary_bytes(shape: ModelShape, c: int) -> int:
     """Bytes a token adds, beyond the block's saved activations, at the peak of one block's backward
     (module doc): a dense block's BACKWARD_FFN_TEMPORARIES f c, or an MoE block's when larger (the router
-    weighting's fp32 gradients, 2 K d 4, and 4 d c)."""
+    weighting in its recomputed forward: K d 4 + 4 d + 4 d c)."""
     d = shape.d_model
     dense = BACKWARD_FFN_TEMPORARIES * shape.ffn * c if shape.dense_layers or not shape.moe_layers else 0
     if not shape.moe_layers:
         return dense
-    return max(dense, 2 * shape.experts_per_token * d * 4 + 4 * d * c)
+    return max(dense, shape.experts_per_token * d * 4 + 4 * d + 4 * d * c)
 
 
 def block_saved_bytes(cfg: Any, shape: ModelShape, c: int, r: int, *, moe: bool | None = None) -> int:
@@ -631,8 +632,8 @@ def _mlp_saved_bytes(d: int, f: int, c: int, casts: bool, full: bool) -> int:
 
 def _moe_saved_bytes(shape: ModelShape, c: int, casts: bool, full: bool) -> int:
     """An MoE block's MLP (ddrl.models.native.llada2: LLaDA2SparseMoe, routed_experts) per token: the K
-    routed and the shared experts' SwiGLUs at the expert width, the routed outputs (c) and their fp32
-    copies weighted by the router (K d (c + 4)), the router's fp32 sigmoid scores (4 E), the chosen
+    routed and the shared experts' SwiGLUs at the expert width, the routed outputs once, in (token, slot)
+    order (K d c: WeightedSlots), the router's fp32 sigmoid scores (4 E), the chosen
     weights, scaled, and their sum (8 K + 4), int64 expert ids, sort order and gather index (24 K).
     A learning base adds the router's fp32 input (4 d), the routed experts' gathered inputs (K d c), the
     shared expert's (d c) and every down projection's. The group-limited top-k keeps nothing: its scores
@@ -640,7 +641,7 @@ def _moe_saved_bytes(shape: ModelShape, c: int, casts: bool, full: bool) -> int:
     MoE recipe runs (under autocast the router and the weighting run in bf16: not modelled)."""
     d, K = shape.d_model, shape.experts_per_token
     f = (K + shape.shared_experts) * shape.expert_ffn  # the SwiGLU width one token runs through
-    saved = 3 * f * c + K * d * (c + 4) + 4 * shape.experts + 8 * K + 4 + 24 * K
+    saved = 3 * f * c + K * d * c + 4 * shape.experts + 8 * K + 4 + 24 * K
     if full:
         saved += 4 * d + (K * d + d) * c * (2 if casts else 1) + f * c
     return saved

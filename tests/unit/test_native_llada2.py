@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from ddrl.models.io import ModelDirectoryError
 from ddrl.models.native.base import NATIVE_FAMILIES
-from ddrl.models.native.llada2 import LLaDA2Backbone, LLaDA2Router, routed_experts
+from ddrl.models.native.llada2 import LLaDA2Backbone, LLaDA2Router, WeightedSlots, routed_experts
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "llada2"
 GOLDEN = load_file(str(FIXTURE / "golden.safetensors"))
@@ -145,6 +145,25 @@ def test_router_matches_a_per_token_transcription():
         assert sorted(idx[n].tolist()) == sorted(choice.tolist())
         expect = s[n, choice] / s[n, choice].sum() * 2.5
         torch.testing.assert_close(w[n].sort().values, expect.sort().values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weighted_slots_equal_autograd_over_the_modeling_files_ops(dtype):
+    """WeightedSlots (memory: keeps the slots once, a slot at a time in backward) gives the values and the
+    gradients of autograd over the modeling file's `.type(fp32).mul_(weights).sum(1).type(dtype)`; an
+    fp32 model's slots are not weighted in place (they are what backward reads)."""
+    torch.manual_seed(3)
+    slots, weights = torch.randn(13, 3, 64).to(dtype), torch.rand(13, 3)
+    a, wa = slots.clone().requires_grad_(), weights.clone().requires_grad_()
+    b, wb = slots.clone().requires_grad_(), weights.clone().requires_grad_()
+    want = (a.to(torch.float32) * wa[..., None]).sum(dim=1).to(dtype)
+    got = WeightedSlots.apply(b, wb)
+    assert got.dtype == dtype and torch.equal(got, want) and torch.equal(b, slots)
+    grad = torch.randn(13, 64).to(dtype)
+    want.backward(grad)
+    got.backward(grad)
+    assert torch.equal(b.grad, a.grad)  # one product a slot, cast: the same elements
+    torch.testing.assert_close(wb.grad, wa.grad)  # a sum over d each
 
 
 def test_routed_experts_equal_a_loop_over_tokens_and_train_every_expert():

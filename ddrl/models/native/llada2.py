@@ -281,20 +281,44 @@ class LLaDA2SparseMoe(nn.Module):
 def routed_experts(experts: nn.ModuleList, x: Tensor, idx: Tensor, weights: Tensor) -> Tensor:
     """x [N, D], idx / weights [N, k] -> sum_j weights[:, j] * expert_{idx[:, j]}(x)  [N, D].
 
-    The N*k (token, slot) pairs are sorted by expert; each expert runs once on its contiguous slice.
-    Written so that a no-grad pass (the rollout) holds at most the outputs in both orders and their
-    weighted fp32 copy: the gathered inputs die with the expert calls, and the weighting is in place
-    on the fp32 copy (the same values as the modeling file's `.type(fp32).mul_(weights)`). Under
-    autograd the same tensors are saved either way."""
+    The N*k (token, slot) pairs are sorted by expert; each expert runs once on its contiguous slice. The
+    outputs come back to (token, slot) order by a gather, which keeps only its index for backward (the
+    modeling file's scatter, index_copy under autograd, keeps its source too); the gathered inputs and the
+    expert-ordered outputs die with the statement (a no-grad pass, the rollout, holds no copy of them)."""
     N, k = idx.shape
     flat = idx.reshape(-1)  # [N*k]
     order = flat.argsort(stable=True)  # pair positions grouped by expert
     counts = torch.bincount(flat, minlength=len(experts)).tolist()  # one host read per layer
-    out = torch.cat([expert(piece) for expert, piece in zip(experts, x[order // k].split(counts))])  # [N*k, D]
-    out = torch.empty_like(out).index_copy(0, order, out)  # back to (token, slot) order
-    weighted = out.view(N, k, -1).to(weights.dtype)  # [N, k, D] fp32
-    del out
-    return weighted.mul_(weights[..., None]).sum(dim=1).to(x.dtype)
+    back = torch.empty_like(order).scatter_(0, order, torch.arange(N * k, device=order.device))  # order's inverse
+    slots = torch.cat([expert(piece) for expert, piece in zip(experts, x[order // k].split(counts))]).index_select(0, back)
+    return WeightedSlots.apply(slots.view(N, k, -1), weights)
+
+
+class WeightedSlots(torch.autograd.Function):
+    """slots [N, k, D] (the experts' dtype), weights [N, k] float32 -> sum_j weights[:, j] slots[:, j] [N, D]
+    in the slots' dtype, summed in float32: the modeling file's `.type(fp32).mul_(weights).sum(1).type(dtype)`,
+    the same values. Autograd over those ops keeps the fp32 copy for the weights' gradient and makes two
+    fp32 [N, k, D] gradients at once: 2 K d 4 bytes a token, an MoE block's backward peak (measured). Here
+    the slots are kept in their own dtype and the backward works a slot at a time over [N, D] float32
+    temporaries: the same products and sums."""
+
+    @staticmethod
+    def forward(ctx: Any, slots: Tensor, weights: Tensor) -> Tensor:
+        ctx.save_for_backward(slots, weights)
+        return slots.to(weights.dtype, copy=True).mul_(weights[..., None]).sum(dim=1).to(slots.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        slots, weights = ctx.saved_tensors
+        g = grad.to(weights.dtype)  # [N, D]
+        grad_slots = torch.empty_like(slots) if ctx.needs_input_grad[0] else None
+        grad_weights = torch.empty_like(weights) if ctx.needs_input_grad[1] else None
+        for j in range(slots.shape[1]):
+            if grad_slots is not None:
+                grad_slots[:, j] = g * weights[:, j, None]
+            if grad_weights is not None:
+                grad_weights[:, j] = (g * slots[:, j].to(weights.dtype)).sum(dim=-1)
+        return grad_slots, grad_weights
 
 
 class LLaDA2DecoderLayer(nn.Module):
