@@ -28,8 +28,10 @@ Their code reads neither norm_topk_prob (it always normalises when k > 1) nor
 moe_router_enable_expert_bias, use_qk_norm, use_rmsnorm (always on); neither does this module.
 
 **Experts are batched**: the (token, slot) pairs are sorted by expert, each expert runs once on its
-contiguous slice (one host read per layer for the slice sizes), and the outputs are scattered back
-and mixed with the router weights; no Python loop over tokens. Every expert is called, with an
+contiguous slice (one host read per layer for the slice sizes), and the outputs are gathered back
+and mixed with the router weights (WeightedSlots: the modeling file's float32 weighting, with a
+backward that holds a [T, d] float32 slot at a time where autograd held two [T, k, d] ones); no
+Python loop over tokens. Every expert is called, with an
 empty slice when no token chose it, so every parameter is in the graph (DDP, FSDP2).
 
 **The block layout** is ddrl.processes.block's (block = position // block_size, prompt included,
