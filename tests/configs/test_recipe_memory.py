@@ -1,6 +1,5 @@
-"""Every paper recipe fits an 80 GB GPU (or the larger GPU its header's "# Device:" line names and says
-why) at the GPU counts its header declares, by the memory model's own estimate (ddrl.training.memory;
-`ddrl train --dry-run CONFIG --world-size N`), and gradient checkpointing in the LoRA recipes is on exactly where a step needs it: it recomputes every block's
+"""Every paper recipe fits an 80 GB GPU at the GPU counts its header declares, by the memory model's own
+estimate (ddrl.training.memory; `ddrl train --dry-run CONFIG --world-size N`), and gradient checkpointing in the LoRA recipes is on exactly where a step needs it: it recomputes every block's
 forward in backward, a third of the update's compute, so a recipe that fits without it leaves it off.
 A full fine-tuning recipe that only fits through row chunks (UniGRPO's 35 masked copies) says so."""
 
@@ -16,8 +15,6 @@ from ddrl.training.memory import GB, estimate_memory, model_shape
 
 ROOT = Path(__file__).resolve().parents[2]
 BUDGET = 70 * GB  # an 80 GB GPU less ~10 GB for the CUDA context, NCCL and fragmentation (not modelled)
-# A recipe that needs a larger GPU names it in a "# Device: H200 ..." header line; 10% left for the same
-DEVICES = {"H200": 141 * GB}
 PAPER = sorted((ROOT / "configs/paper").rglob("*.yaml"))
 LORA = [p for p in PAPER if load_config(p, [], RLConfig).model.lora.rank > 0]
 DEFAULT_GPUS = 8  # one node, when the header names no process counts
@@ -39,22 +36,6 @@ def declared_gpus(config: Path, cfg: RLConfig) -> list[int]:
     return [1] if cfg.dist.strategy == "none" else [DEFAULT_GPUS]
 
 
-def device_bytes(config: Path) -> float:
-    """80 GB, or the memory of the GPU the recipe's "# Device:" line names (its reason on that line)."""
-    for line in header(config, with_base=False).splitlines():
-        if line.startswith("# Device:"):
-            name = line.split(":", 1)[1].split()[0]
-            assert name in DEVICES, f"{config.name}: unknown device {name!r} (known: {', '.join(DEVICES)})"
-            return DEVICES[name]
-    return 80 * GB
-
-
-def budget(config: Path) -> float:
-    """BUDGET on an 80 GB GPU, 90% of a larger one the header names."""
-    size = device_bytes(config)
-    return BUDGET if size == 80 * GB else 0.9 * size
-
-
 @pytest.mark.parametrize("config", PAPER, ids=lambda p: str(p.relative_to(ROOT / "configs/paper")))
 def test_every_recipe_fits_an_80gb_gpu_at_its_gpu_counts(config):
     """`torchrun --nproc_per_node N ddrl train RECIPE` at the recipe's N must not run out of memory: the
@@ -62,19 +43,18 @@ def test_every_recipe_fits_an_80gb_gpu_at_its_gpu_counts(config):
     with their values, and its header's Memory line cites them."""
     cfg = load_config(config, [], RLConfig)
     shape = model_shape(cfg.model.path)
-    limit = budget(config)
     for world in declared_gpus(config, cfg):
         assert cfg.train.prompts_per_step % world == 0, (
             f"{config.name}: train.prompts_per_step={cfg.train.prompts_per_step} does not split over {world} "
             f"GPUs; say which counts work in the header (# Processes: run on ...)")
         est = estimate_memory(cfg, shape, world)
-        assert est.total <= limit, (
-            f"{config.name} needs ~{est.total / GB:.1f} GB per GPU at {world} GPUs, over the {limit / GB:.0f} GB "
-            f"budget of its GPU (peak: the {est.peak_phase} phase). Bound it as the authors' runs do, with "
+        assert est.total <= BUDGET, (
+            f"{config.name} needs ~{est.total / GB:.1f} GB per GPU at {world} GPUs, over the {BUDGET / GB:.0f} GB "
+            f"budget (peak: the {est.peak_phase} phase). Bound it as the authors' runs do, with "
             f"their values, and cite them in a header Memory line: rollout.batch_rows (rows per sampler call) "
             f"for the rollout; train.micro_batch_size, train.micro_batch_rows (TraceRL, random_ratio) or "
             f"model.gradient_checkpointing for the update; dist.cpu_offload for the training state.\n"
-            f"{est.report(device_bytes(config))}")
+            f"{est.report(80 * GB)}")
     bounded = cfg.rollout.batch_rows or cfg.train.micro_batch_rows or cfg.dist.cpu_offload
     assert not bounded or "# Memory:" in header(config, with_base=True), (
         f"{config.name}: rollout.batch_rows / train.micro_batch_rows / dist.cpu_offload is set; its header's "
@@ -87,12 +67,12 @@ def test_lora_recipes_checkpoint_only_when_they_must(config):
     without = load_config(config, ["model.gradient_checkpointing=false"], RLConfig)
     shape = model_shape(cfg.model.path)
     worlds = [w for w in (1, 8) if cfg.train.prompts_per_step % w == 0]
-    fits = all(estimate_memory(without, shape, w).total <= budget(config) for w in worlds)
+    fits = all(estimate_memory(without, shape, w).total <= BUDGET for w in worlds)
     assert cfg.model.gradient_checkpointing == (not fits), (
         f"{config.name}: without gradient checkpointing the estimate is "
         f"{[round(estimate_memory(without, shape, w).total / GB) for w in worlds]} GB at {worlds} GPUs")
     if cfg.model.gradient_checkpointing:
-        assert all(estimate_memory(cfg, shape, w).total <= budget(config) for w in worlds)
+        assert all(estimate_memory(cfg, shape, w).total <= BUDGET for w in worlds)
     assert "Memory: gradient checkpointing" in header(config, with_base=True)  # the reason, its own or its base's
 
 
