@@ -553,8 +553,9 @@ def _update_terms(cfg: Any, shape: ModelShape, method: Any, world: int, strategy
         terms["activations (checkpointed)"] = tokens * L * d * c + block
     else:
         terms["activations"] = L * block
-    # the block being back-propagated: SiLU's backward and the gated product's gradients, 7 [tokens, f]
-    # tensors alive at once beside the block's 1 kept (recomputed) one; a counts 3 (module doc)
+    # the block being back-propagated: a dense one's SiLU backward and gated-product gradients, 7 [tokens, f]
+    # tensors beside the 1 kept (recomputed) one, a counting 3; an MoE one's recomputed router weighting
+    # when larger (module doc)
     terms["one block's backward temporaries"] = tokens * backward_temporary_bytes(shape, c)
     # log p(target) from the final hidden states, the LM head chunk by chunk (ddrl.ops.logprobs)
     chunk = min(LOGPROB_CHUNK_ELEMENTS, tokens * shape.vocab)
