@@ -43,6 +43,11 @@ What differs from a GPU run, on purpose, and what the rehearsal does so that mem
                 under dist.cpu_offload the host's shards, their gradients and AdamW state are left out of
                 the device's peak. FLOPs are counted without FlopCounterMode's module tracker, whose gradient hooks
                 kept every checkpointed block's recomputation alive (_flop_counter).
+  the calls     A rollout of many sampler calls (rollout.batch_rows below a rank's rows) rehearses the
+                first and the last call of each row count; a call between has their shapes, so it is
+                replayed: its outputs allocated (empty_like), its roofline time and host reads the last's
+                (replayed_sampler_calls). The last runs with every earlier output held, as on a GPU, so the
+                rollout's peak is the real one (a test compares it with every call rehearsed).
   the depth     Fake tensors give --extrapolate its reason: a full-depth 8B rehearsal takes minutes per
                 layer here, so EXTRAPOLATE_LAYERS (4 and 6) at full width are rehearsed and extrapolated.
   time          Where the roofline is far from a GPU: attention is faked SDPA (FLOPs counted as dense
@@ -62,7 +67,7 @@ import traceback
 import weakref
 from collections import Counter
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, cast
 from unittest import mock
@@ -696,6 +701,8 @@ class Rehearsal:
     optimizer_steps: int = 0  # the trainer's count after the step: the update ran to opt.step()
     optimizer_state_bytes: float = 0.0  # AdamW's state on this rank after the step (exp_avg, exp_avg_sq, step)
     measured_layers: tuple[int, ...] = ()  # the layer counts rehearsed when `layers` is extrapolated from them
+    sampler_calls: int = 0  # the rollout's sampler calls (rollout.batch_rows), of which replayed_calls were
+    replayed_calls: int = 0  # replayed: the first call's shapes, time and host reads (replayed_sampler_calls)
 
     @property
     def fits(self) -> bool:
@@ -720,6 +727,9 @@ class Rehearsal:
         lines += [f"    {name:<42}{v / GB:9.2f}" for name, v in self.hand_terms.items()]
         verdict = "fits" if self.fits else "does NOT fit"
         lines.append(f"  {verdict} a {d.memory_bytes / GB:.0f} GB {d.name} with {100 - HEADROOM * 100:.0f}% headroom")
+        if self.replayed_calls:
+            lines.append(f"  rollout: {self.sampler_calls} sampler calls (rollout.batch_rows); the first and last "
+                         f"rehearsed, {self.replayed_calls} between replayed (the first's shapes, time, host syncs)")
         lines.append(f"  host syncs in the step: {sum(self.host_reads.values())}"
                      + ("" if self.host_reads else " (none)"))
         lines += [f"    {n:>6} x {site}" for site, n in sorted(self.host_reads.items(), key=lambda kv: -kv[1])]
@@ -752,9 +762,10 @@ class FakeTensorUnsupported(RuntimeError):
 
 def rehearse(config: str | Path, overrides: list[str] | None = None, world_size: int = 8, *,
              layers: int | None = None, device: Device = DEVICE, check_fit: bool = True,
-             recipe_steps: int | None = None, one_share: bool = False) -> Rehearsal:
+             recipe_steps: int | None = None, one_share: bool = False, replay_calls: bool = True) -> Rehearsal:
     """One step of the recipe at its real size (or `layers` layers) on rank 0 of world_size fake ranks;
-    the report is written to the run directory (output_dir/rehearsal/rehearsal.json)."""
+    the report is written to the run directory (output_dir/rehearsal/rehearsal.json). `replay_calls`
+    False rehearses every sampler call (replayed_sampler_calls: the same figures, slower)."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -777,7 +788,7 @@ def rehearse(config: str | Path, overrides: list[str] | None = None, world_size:
             if cfg.model.vq_path is not None and not Path(cfg.model.vq_path).is_dir():
                 cfg.model.vq_path = str(stand_in_vq_dir(Path(tmp)))
             return _rehearse(cfg, str(config), directory, shape, world_size, device, check_fit, recipe_steps,
-                             one_share)
+                             one_share, replay_calls)
     finally:
         dist.destroy_process_group()
         for k, v in saved.items():
@@ -785,7 +796,8 @@ def rehearse(config: str | Path, overrides: list[str] | None = None, world_size:
 
 
 def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_size: int, device: Device,
-              check_fit: bool, recipe_steps: int | None = None, one_share: bool = False) -> Rehearsal:
+              check_fit: bool, recipe_steps: int | None = None, one_share: bool = False,
+              replay_calls: bool = True) -> Rehearsal:
     from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
                                                FakeTensorMode, UnsupportedOperatorException)
 
@@ -835,6 +847,7 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
         phases: dict[str, Any] = {}
         est = stack.enter_context(roofline(device))
         stack.enter_context(tracker)
+        calls = stack.enter_context(replayed_sampler_calls(est, reads)) if replay_calls else Counter()
         _mark_phases(trainer, est, tracker, cuda, phases)
         if one_share:
             _one_share(trainer)
@@ -864,7 +877,8 @@ def _rehearse(cfg: Any, name: str, directory: Path, shape: ModelShape, world_siz
                                  "lora_rank": cfg.model.lora.rank, "micro_batch_size": t.micro_batch_size,
                                  "gradient_checkpointing": cfg.model.gradient_checkpointing},
                        optimizer_state_bytes=float(sum(_local_bytes(v) for state in trainer.opt.state.values()
-                                                       for v in state.values() if isinstance(v, torch.Tensor))))
+                                                       for v in state.values() if isinstance(v, torch.Tensor))),
+                       sampler_calls=calls["calls"], replayed_calls=calls["replayed"])
     _write(report, trainer.run_dir)
     if check_fit:
         require_fit(report)
@@ -995,7 +1009,8 @@ def extrapolate(fewer: Rehearsal, more: Rehearsal, layers: int, hand: Any) -> Re
                      update_flops=line(fewer.update_flops, more.update_flops), tokens=more.tokens,
                      device=more.device, settings=more.settings, optimizer_steps=more.optimizer_steps,
                      optimizer_state_bytes=line(fewer.optimizer_state_bytes, more.optimizer_state_bytes),
-                     measured_layers=(fewer.layers, more.layers))
+                     measured_layers=(fewer.layers, more.layers), sampler_calls=more.sampler_calls,
+                     replayed_calls=more.replayed_calls)
 
 
 def _ddrl_frame_of(error: BaseException) -> str:
@@ -1155,6 +1170,69 @@ def _flop_counter() -> Any:
     counter = FlopCounterMode(display=False)
     counter.mod_tracker = NoModules()  # type: ignore[assignment]  # a stand-in with the two members FlopCounterMode uses
     return counter
+
+
+@contextmanager
+def replayed_sampler_calls(est: Any, reads: HostReads) -> Iterator[Counter[str]]:
+    """A rollout of many sampler calls (sample_in_chunks: rollout.batch_rows rows a call) with the first
+    and the last call of each row count rehearsed and the calls between replayed. On fake tensors a call
+    makes the same ops on the same shapes as every call of its row count: a replayed call's outputs are
+    allocated again (empty_like, what sample_in_chunks holds until it joins them), and its roofline time
+    and host reads are those of the last call of its row count (not the first's, which also fills what
+    later calls find cached). A row count's last call runs with every earlier output held, so the rollout's
+    peak is the one every call rehearsed gives (a test compares them). d1 on LLaDA2-mini at one row a call:
+    16 calls, each 20 x 256 expert calls through the dispatch layers, hours on a CPU; 2 are rehearsed.
+    Yields the counts: "calls" (the largest rollout's) and "replayed"."""
+    import ddrl.sampling.base as base
+    import ddrl.sampling.engine as engine
+
+    counts: Counter[str] = Counter()
+    in_chunks, call_chunks = base.sample_in_chunks, base._call_chunks
+    planned: list[int] = []  # the rows of each call of the rollout under way
+
+    def counted_chunks(*args: Any, **kwargs: Any) -> list[Any]:
+        chunks = call_chunks(*args, **kwargs)
+        planned[:] = [hi - lo for lo, hi, _ in chunks]
+        return chunks
+
+    def replaying(sampler: Any, *args: Any, **kwargs: Any) -> Any:
+        planned.clear()
+        made = [0]
+        outputs: dict[int, Any] = {}  # row count -> the output of its latest rehearsed call
+        figures: dict[int, tuple[float, Counter[str]]] = {}  # row count -> that call's (roofline ms, host reads)
+        replayed: Counter[int] = Counter()  # row count -> calls replayed
+
+        def call(*a: Any, **k: Any) -> Any:
+            i, rows, sizes = made[0], len(a[1]), planned or [len(a[1])]
+            made[0] += 1
+            counts["calls"] = max(counts["calls"], len(sizes))
+            if rows in outputs and i < max(j for j, r in enumerate(sizes) if r == rows):
+                replayed[rows] += 1
+                counts["replayed"] += 1
+                return _allocated_like(outputs[rows])
+            start, before = est.total_runtime, Counter(reads.sites)
+            outputs[rows] = sampler(*a, **k)
+            figures[rows] = est.total_runtime - start, reads.sites - before
+            if i == len(sizes) - 1:  # every row count's last call has run: the replayed calls' figures
+                for r, m in replayed.items():
+                    est.total_runtime += m * figures[r][0]
+                    reads.sites.update({site: m * n for site, n in figures[r][1].items()})
+            return outputs[rows]
+
+        return in_chunks(call, *args, **kwargs)
+
+    with mock.patch.object(base, "_call_chunks", counted_chunks), \
+            mock.patch.object(engine, "sample_in_chunks", replaying):
+        yield counts
+
+
+def _allocated_like(value: Any) -> Any:
+    """`value` (a SampleOutput, a Trajectory, a tensor ...) with every tensor in it allocated again, unfilled."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty_like(value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return replace(value, **{f.name: _allocated_like(getattr(value, f.name)) for f in fields(value)})
+    return value
 
 
 def _one_share(trainer: Any) -> None:

@@ -171,3 +171,17 @@ def test_llada2_moe_full_fine_tuning_with_offload(rehearsed):
     assert r["settings"]["cpu_offload"] and "optimizer state" not in r["peak_split"] and "gradients" not in r["peak_split"]
     assert r["peak_bytes"] > 0 and r["optimizer_steps"] == 1
     assert any("tolist at ddrl/models/native/llada2.py" in site for site in r["host_reads"])  # routing counts
+
+
+@pytest.mark.parametrize("rows", [1, 2])  # 12 calls of one row; 6 of two
+def test_replayed_sampler_calls_give_the_figures_of_every_call_rehearsed(tmp_path, rows):
+    """A rank's 12 rollout rows (16 prompts x 6 / 8 ranks) in calls of `rows`: the first and last calls
+    rehearsed, the rest replayed, against every call rehearsed (rehearse's replay_calls)."""
+    overrides = [*QUICK, "train.num_iterations=1", "rollout.gen_length=64", f"rollout.batch_rows={rows}"]
+    every, replayed = (rehearse(CONFIG, [*overrides, f"output_dir={tmp_path / str(replay)}"], WORLD, layers=1,
+                                check_fit=False, replay_calls=replay) for replay in (False, True))
+    assert (replayed.sampler_calls, replayed.replayed_calls) == ((12, 10) if rows == 1 else (6, 4))
+    assert replayed.rollout_peak_bytes == every.rollout_peak_bytes and replayed.peak_bytes == every.peak_bytes
+    assert replayed.host_reads == every.host_reads and sum(every.host_reads.values()) > 0
+    assert replayed.rollout_s == pytest.approx(every.rollout_s, rel=1e-9)  # each replayed call the last's time
+    assert "sampler calls (rollout.batch_rows)" in replayed.table()
