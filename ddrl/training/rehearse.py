@@ -985,12 +985,16 @@ def extrapolate(fewer: Rehearsal, more: Rehearsal, layers: int, hand: Any) -> Re
     So each figure is more's plus (layers - more.layers) / (more.layers - fewer.layers) increments. The
     peak is the larger of two lines, the rollout's and the whole step's (the phase that peaks can
     change with depth). A line holds only where both rehearsals peak at the same moment of the step
-    (EXTRAPOLATE_LAYERS says why not 2 layers). Host syncs do not depend on depth: more's (the test
-    checks two depths' are equal). `hand`: the hand model's estimate at `layers` (a MemoryEstimate)."""
+    (EXTRAPOLATE_LAYERS says why not 2 layers). Host syncs too, by call site: most do not depend on
+    depth (a dense model's two depths give the same counts: a test), but an MoE's routing counts are
+    read once a layer a forward. `hand`: the hand model's estimate at `layers` (a MemoryEstimate)."""
     per = (layers - more.layers) / (more.layers - fewer.layers)
 
     def line(a: float, b: float) -> float:
         return b + (b - a) * per
+
+    reads = {site: round(line(fewer.host_reads.get(site, 0), more.host_reads.get(site, 0)))
+             for site in {**fewer.host_reads, **more.host_reads}}
 
     rollout = line(fewer.rollout_peak_bytes, more.rollout_peak_bytes)
     peak = max(rollout, line(fewer.peak_bytes, more.peak_bytes))
@@ -1004,7 +1008,7 @@ def extrapolate(fewer: Rehearsal, more: Rehearsal, layers: int, hand: Any) -> Re
                      peak_bytes=peak, peak_split=split, rollout_peak_bytes=rollout,
                      rollout_peak_split=rollout_split,
                      hand_total_bytes=hand.total,
-                     hand_terms=hand_terms, host_reads=more.host_reads,
+                     hand_terms=hand_terms, host_reads={site: n for site, n in reads.items() if n > 0},
                      rollout_s=line(fewer.rollout_s, more.rollout_s), update_s=line(fewer.update_s, more.update_s),
                      update_flops=line(fewer.update_flops, more.update_flops), tokens=more.tokens,
                      device=more.device, settings=more.settings, optimizer_steps=more.optimizer_steps,

@@ -76,6 +76,20 @@ def _report(**changes):
     return Rehearsal(**{**base, **changes})
 
 
+def test_extrapolated_host_reads_grow_only_where_a_layer_makes_them():
+    """LLaDA2-mini's MoE routing counts are read once an MoE layer a forward (4 layers: 3 MoE, 6: 5);
+    the sampler's stopping rule once a forward at any depth. 20 layers: 19 MoE."""
+    from ddrl.training.memory import MemoryEstimate
+    from ddrl.training.rehearse import extrapolate
+
+    forwards, rule, routing = 1040, "item at ddrl/sampling/commit.py:179 more_steps", "tolist at llada2.py routed_experts"
+    fewer = _report(layers=4, host_reads={rule: forwards, routing: 3 * forwards})
+    more = _report(layers=6, host_reads={rule: forwards, routing: 5 * forwards, "item at a 6-layer-only site": 1})
+    full = extrapolate(fewer, more, 20, MemoryEstimate(held={"weights": GB}, phases={"update": {"activations": GB}}))
+    assert full.host_reads[rule] == forwards and full.host_reads[routing] == 19 * forwards
+    assert full.host_reads["item at a 6-layer-only site"] == 8  # a line through 0 at 4 layers and 1 at 6
+
+
 def test_a_recipe_that_does_not_fit_is_refused_with_its_split_and_the_settings_that_shrink_it():
     from ddrl.training.rehearse import RecipeDoesNotFit, require_fit
 
