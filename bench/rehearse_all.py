@@ -1,8 +1,8 @@
 """Rehearse every paper recipe (configs/paper/**/*.yaml) at its real size on fake tensors: rank 0 of
 --world-size ranks (or, for a recipe whose prompt groups do not split over them, as gdsd's 20, the
 largest world size below that they do: the row says so), the trainer's own step (ddrl.training.rehearse),
-extrapolated to full depth from rehearsals at EXTRAPOLATE_LAYERS (4 and 6) at full width (a full-depth
-rehearsal takes minutes per layer on a CPU). Writes a table to bench/RESULTS.md under a section marked
+extrapolated to full depth from rehearsals at EXTRAPOLATE_LAYERS (4 and 6) at full width (the CPU time
+of 10 layers; the line equals a full-depth rehearsal: tests/integration/test_rehearse.py). Writes a table to bench/RESULTS.md under a section marked
 as estimates.
 
     nice -n 10 python bench/rehearse_all.py [KEY=VALUE ...] [--world-size 8] [--only SUBSTRING ...] [--quick]

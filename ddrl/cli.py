@@ -116,8 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=None,
                    help="with --rehearse: that many layers at full width (a quick, reduced rehearsal)")
     p.add_argument("--extrapolate", action="store_true",
-                   help="with --rehearse: rehearse 4 and 6 layers and extrapolate to the full depth (minutes, "
-                        "not the hour a full-depth rehearsal takes on a CPU)")
+                   help="with --rehearse: rehearse 4 and 6 layers and extrapolate to the full depth (a full-depth "
+                        "rehearsal's figures, for the cost of 10 layers)")
     p.add_argument("--world-size", dest="world_size", type=_positive(int), default=1,
                    help="with --dry-run or --rehearse: number of GPUs")
     p.add_argument("--gpu-memory", dest="gpu_memory", type=_positive(float), default=80.0,

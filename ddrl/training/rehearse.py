@@ -48,8 +48,10 @@ What differs from a GPU run, on purpose, and what the rehearsal does so that mem
                 replayed: its outputs allocated (empty_like), its roofline time and host reads the last's
                 (replayed_sampler_calls). The last runs with every earlier output held, as on a GPU, so the
                 rollout's peak is the real one (a test compares it with every call rehearsed).
-  the depth     Fake tensors give --extrapolate its reason: a full-depth 8B rehearsal takes minutes per
-                layer here, so EXTRAPOLATE_LAYERS (4 and 6) at full width are rehearsed and extrapolated.
+  the depth     A rehearsal's CPU time grows with layers x forwards (d1's LLaDA-8B at 32 layers and one
+                sampler step a block: about a minute; LLaDA2-mini's 256 experts a layer: half an hour at
+                4 and 6 layers), so --extrapolate rehearses EXTRAPOLATE_LAYERS (4 and 6) at full width and
+                extrapolates; for d1 the line gives the full-depth rehearsal's figures (a test).
   time          Where the roofline is far from a GPU: attention is faked SDPA (FLOPs counted as dense
                 math, no flash-attention tiling), collectives cost nothing (RuntimeEstimator does not
                 model communication), and tiny ops are bandwidth-bound, with no launch overhead: the
@@ -960,8 +962,8 @@ def full_depth_hand(cfg: Any, world_size: int) -> FullDepthHand | None:
 def rehearse_extrapolated(config: str | Path, overrides: list[str] | None = None, world_size: int = 8, *,
                           device: Device = DEVICE, check_fit: bool = True,
                           recipe_steps: int | None = None, one_share: bool = False) -> Rehearsal:
-    """The recipe at its full depth from rehearsals at EXTRAPOLATE_LAYERS (full width): a full-depth
-    rehearsal takes minutes per layer on a CPU. See extrapolate for why a line holds."""
+    """The recipe at its full depth from rehearsals at EXTRAPOLATE_LAYERS (full width), for the CPU time
+    of 10 layers (module doc, "the depth"). See extrapolate for why a line holds."""
     from ddrl.config import RLConfig, load_config
 
     cfg = load_config(config, overrides, RLConfig)

@@ -12,7 +12,7 @@ import pytest
 
 from ddrl.cli import main
 from ddrl.training.memory import GB, MemoryEstimate
-from ddrl.training.rehearse import Rehearsal, extrapolate, rehearse
+from ddrl.training.rehearse import Rehearsal, extrapolate, rehearse, rehearse_extrapolated
 
 CONFIG = "configs/paper/diffu_grpo_llada8b.yaml"
 QUICK = ["dist.strategy=fsdp", "rollout.steps=8", "train.num_iterations=2"]
@@ -90,6 +90,23 @@ def test_peak_grows_by_one_sharded_block_per_layer_and_extrapolates(runs):
     # the split of the line that peaks, extrapolated by category: it adds up to the peak, none negative
     assert sum(full.peak_split.values()) == pytest.approx(full.peak_bytes) and min(full.peak_split.values()) >= 0
     assert full.measured_layers == (2, 4) and "extrapolated from 2 and 4 layers" in full.table()
+
+
+def test_extrapolation_gives_a_full_depth_rehearsals_figures(tmp_path):
+    """--extrapolate against the whole model: d1's LLaDA-8B LoRA recipe as it ships (DDP) at all 32 layers
+    (about a minute here at one sampler step a block) and from its 4- and 6-layer rehearsals. Every block
+    adds the same bytes, FLOPs and host reads, so the line through two depths lands on the full depth's
+    figures; a term that grew otherwise (a per-layer buffer kept across layers, a depth-dependent peak
+    moment) breaks it."""
+    overrides = ["rollout.steps=8", "train.num_iterations=2"]
+    full = rehearse(CONFIG, [*overrides, f"output_dir={tmp_path / 'full'}"], WORLD)
+    line = rehearse_extrapolated(CONFIG, [*overrides, f"output_dir={tmp_path / 'line'}"], WORLD)
+    assert full.layers == line.layers == 32 and full.measured_layers == () and line.measured_layers == (4, 6)
+    for figure in ("peak_bytes", "rollout_peak_bytes", "optimizer_state_bytes", "update_flops", "rollout_s", "update_s"):
+        assert getattr(line, figure) == pytest.approx(getattr(full, figure), rel=1e-9), figure
+    assert line.peak_split.keys() == full.peak_split.keys()
+    assert all(line.peak_split[k] == pytest.approx(v, rel=1e-9) for k, v in full.peak_split.items())
+    assert line.host_reads == full.host_reads
 
 
 def test_hand_model_within_a_stated_factor(runs):
