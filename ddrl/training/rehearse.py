@@ -704,7 +704,7 @@ class Rehearsal:
     optimizer_state_bytes: float = 0.0  # AdamW's state on this rank after the step (exp_avg, exp_avg_sq, step)
     measured_layers: tuple[int, ...] = ()  # the layer counts rehearsed when `layers` is extrapolated from them
     sampler_calls: int = 0  # the rollout's sampler calls (rollout.batch_rows), of which replayed_calls were
-    replayed_calls: int = 0  # replayed: the first call's shapes, time and host reads (replayed_sampler_calls)
+    replayed_calls: int = 0  # replayed: the last rehearsed call's shapes, time and host reads (replayed_sampler_calls)
 
     @property
     def fits(self) -> bool:
@@ -731,7 +731,7 @@ class Rehearsal:
         lines.append(f"  {verdict} a {d.memory_bytes / GB:.0f} GB {d.name} with {100 - HEADROOM * 100:.0f}% headroom")
         if self.replayed_calls:
             lines.append(f"  rollout: {self.sampler_calls} sampler calls (rollout.batch_rows); the first and last "
-                         f"rehearsed, {self.replayed_calls} between replayed (the first's shapes, time, host syncs)")
+                         f"rehearsed, {self.replayed_calls} between replayed (the last's shapes, time, host syncs)")
         lines.append(f"  host syncs in the step: {sum(self.host_reads.values())}"
                      + ("" if self.host_reads else " (none)"))
         lines += [f"    {n:>6} x {site}" for site, n in sorted(self.host_reads.items(), key=lambda kv: -kv[1])]
@@ -1187,7 +1187,8 @@ def replayed_sampler_calls(est: Any, reads: HostReads) -> Iterator[Counter[str]]
     and host reads are those of the last call of its row count (not the first's, which also fills what
     later calls find cached). A row count's last call runs with every earlier output held, so the rollout's
     peak is the one every call rehearsed gives (a test compares them). d1 on LLaDA2-mini at one row a call:
-    16 calls, each 20 x 256 expert calls through the dispatch layers, hours on a CPU; 2 are rehearsed.
+    16 calls, each 20 x 256 expert calls through the dispatch layers; 2 are rehearsed (29 min on a CPU
+    for 4 and 6 layers: bench/RESULTS.md).
     Yields the counts: "calls" (the largest rollout's) and "replayed"."""
     import ddrl.sampling.base as base
     import ddrl.sampling.engine as engine
